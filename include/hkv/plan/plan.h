@@ -1,0 +1,114 @@
+// Plan: how a model's KV cache and recurrent state are grouped, paged, sized and laid out.
+//
+// Contract (see docs/ARCHITECTURE.md, "plan"):
+// - Cache-owning layers with equal TokenRules form groups; all layers of a group share one block
+//   table. Recurrent layers form one state group whose page holds the state of every recurrent
+//   layer, so one page id is one checkpoint of the whole model's recurrence.
+// - A group's page is one block of every layer in it (block_tokens tokens each; for the state
+//   group one state), so page_bytes = block_tokens * sum of kv_bytes_per_token (+ padding layers),
+//   or the sum of state bytes.
+// - Groups with equal page_bytes share a page class; each class is one buffer of num_pages pages.
+//   With the single-class strategy groups are split into subgroups of equal layer count and
+//   padded, RFC milestone 1; with multi-class every distinct page size is its own class and the
+//   budget is split between classes in proportion to one planning-point sequence's demand.
+// - Capacity figures are exact functions of the plan: see Footprint() and MaxSequences().
+// MakePlan never returns a plan that cannot hold one sequence at the planning point.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <hkv/common/result.h>
+#include <hkv/plan/plan_options.h>
+#include <hkv/spec/model_spec.h>
+#include <hkv/spec/token_rule.h>
+
+namespace hkv {
+
+struct KvGroup {
+  int32_t id = 0;
+  TokenRule rule;
+  std::vector<int32_t> layers;  // indices into ModelSpec::layers
+  int32_t padding_layers = 0;   // layer slots added so that single-class groups are equal
+  int32_t block_tokens = 0;     // tokens per block; 0 for the state group (a page is one state)
+  int64_t page_bytes = 0;       // bytes of one page of this group
+  int32_t page_class = 0;       // index into Plan::page_classes
+
+  bool is_state() const { return rule.kind == TokenRuleKind::kState; }
+};
+
+struct PageClass {
+  int32_t id = 0;
+  int64_t page_bytes = 0;       // bytes one page occupies in this class's buffer
+  int64_t num_pages = 0;        // pages in the buffer
+  std::vector<int32_t> groups;  // groups drawing pages from this class
+
+  int64_t buffer_bytes() const { return page_bytes * num_pages; }
+};
+
+// One tensor of one layer inside a class buffer. The bytes of block b are
+// [offset + b * block_stride, offset + b * block_stride + bytes).
+struct TensorView {
+  int32_t layer = 0;  // index into ModelSpec::layers
+  std::string name;   // "k", "v", "latent", "conv", "ssm"
+  int32_t page_class = 0;
+  int64_t offset = 0;
+  int64_t block_stride = 0;
+  int64_t bytes = 0;
+  std::vector<int64_t> block_shape;  // element shape of one block of this tensor
+  DType dtype = DType::kBF16;
+};
+
+struct MemoryLayout {
+  TensorLayout kind = TensorLayout::kCanonical;
+  std::vector<TensorView> tensors;  // every tensor of every cache-owning layer
+};
+
+// What one sequence costs, and what it would cost under the pre-hybrid uniform layout.
+struct Footprint {
+  int64_t tokens = 0;
+  int64_t encoder_tokens = 0;
+  int64_t ideal_bytes = 0;     // bytes the model truly needs resident
+  int64_t hybridkv_bytes = 0;  // pages this plan allocates for it, in bytes
+  int64_t uniform_bytes = 0;   // every token (decoder and encoder) in every layer, block-rounded
+  std::vector<int64_t> pages_per_group;  // indexed by group id
+  double hybridkv_waste() const;         // (hybridkv - ideal) / hybridkv
+  double uniform_waste() const;          // (uniform - ideal) / uniform
+};
+
+// One page-size candidate the planner weighed.
+struct PageCandidate {
+  PageStrategy strategy = PageStrategy::kAuto;
+  bool feasible = false;
+  std::string why_not;       // when infeasible
+  int64_t wasted_bytes = 0;  // hybridkv_bytes - ideal_bytes for one planning-point sequence
+  int32_t num_groups = 0;
+  int32_t num_classes = 0;
+};
+
+struct Plan {
+  ModelSpec model;
+  PlanOptions options;                                 // with every "unset" value resolved
+  PageStrategy strategy = PageStrategy::kSingleClass;  // the one chosen
+  std::vector<PageCandidate> candidates;
+  std::vector<KvGroup> groups;
+  std::vector<PageClass> page_classes;
+  MemoryLayout layout;
+  int64_t uniform_bytes_per_token = 0;  // every cache-owning layer treated as full attention
+  std::vector<std::string> warnings;
+
+  int64_t num_pages() const;  // over all classes
+  Footprint FootprintOf(int64_t tokens, int64_t encoder_tokens) const;
+  Footprint PlanningFootprint() const {
+    return FootprintOf(options.seq_tokens, options.encoder_tokens);
+  }
+  // Largest number of identical sequences that fit at once in this plan's pages.
+  int64_t MaxSequences(int64_t tokens, int64_t encoder_tokens) const;
+  // The same under the uniform layout with the same memory budget and block size.
+  int64_t MaxSequencesUniform(int64_t tokens, int64_t encoder_tokens) const;
+};
+
+Result<Plan> MakePlan(const ModelSpec& model, const PlanOptions& options);
+
+}  // namespace hkv

@@ -1,0 +1,36 @@
+// PlanOptions: the knobs a user turns when planning KV memory for a model.
+//
+// Contract: zero/negative "unset" values are resolved by MakePlan (max_model_len -> the config's
+// max_position_embeddings, seq_tokens -> max_model_len, encoder_tokens -> the model's largest
+// encoder input). Explicit values that are out of range are rejected by MakePlan with a message
+// naming the option.
+#pragma once
+
+#include <cstdint>
+
+namespace hkv {
+
+// How every layer's K/V (or state) is laid out inside the planned buffers.
+enum class TensorLayout : unsigned char {
+  kCanonical,  // one buffer per page class, block-major: a block of all layers is contiguous
+  kPerLayer,   // one region per layer slot inside each buffer (the classic per-layer tensors)
+};
+
+// How group pages are sized.
+enum class PageStrategy : unsigned char {
+  kAuto,         // the candidate with the fewest wasted bytes at the planning point
+  kSingleClass,  // one page size: groups split/padded to equal layer counts (RFC milestone 1)
+  kMultiClass,   // one page class per distinct group page size (RFC milestone 2)
+};
+
+struct PlanOptions {
+  int64_t memory_bytes = int64_t{16} << 30;
+  int32_t block_tokens = 16;
+  int64_t max_model_len = 0;    // 0: the config's max_position_embeddings
+  int64_t seq_tokens = 0;       // decoder tokens of the planning point; 0: max_model_len
+  int64_t encoder_tokens = -1;  // encoder tokens of the planning point; -1: model's largest input
+  TensorLayout layout = TensorLayout::kCanonical;
+  PageStrategy strategy = PageStrategy::kAuto;
+};
+
+}  // namespace hkv

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The main job: install, build the CLI, and show what hybridkv's planner sees in real models.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+cmake --preset dev >/dev/null
+cmake --build --preset dev --target hkv -- -j2 >/dev/null
+hkv=build/dev/tools/hkv/hkv
+
+banner() { printf '\n==== %s ====\n' "$*"; }
+
+banner "Gemma-2-9B at its native 8K context (1:1 sliding/full): the RFC's 25% uniform waste"
+"$hkv" plan models/google--gemma-2-9b --seq-len 8192
+
+banner "Ministral-8B planned for its 128K context (1 full : 3 sliding): 56.25% uniform waste"
+"$hkv" plan models/mistralai--Ministral-8B-Instruct-2410 --max-model-len 131072
+
+banner "Llama-3.2-11B-Vision, 43 text tokens + one 4-tile image (6404 encoder tokens): 79.6%"
+"$hkv" plan models/meta-llama--Llama-3.2-11B-Vision --seq-len 43 --encoder-tokens 6404 \
+  --max-model-len 8192
+
+banner "Bamba-9B (Mamba-2 + 3 attention layers): state pages and attention pages side by side"
+"$hkv" plan models/ibm-ai-platform--Bamba-9B --seq-len 4096

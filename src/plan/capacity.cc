@@ -1,0 +1,123 @@
+#include "capacity.h"
+
+#include <algorithm>
+#include <limits>
+
+#include <hkv/common/byte_size.h>
+
+namespace hkv {
+namespace {
+
+bool HasKvLayer(const ModelSpec& model) {
+  return std::any_of(model.layers.begin(), model.layers.end(),
+                     [](const LayerSpec& l) { return l.owns_kv(); });
+}
+
+double WasteOf(int64_t allocated, int64_t ideal) {
+  if (allocated <= 0) return 0.0;
+  return static_cast<double>(allocated - ideal) / static_cast<double>(allocated);
+}
+
+}  // namespace
+
+int64_t PagesNeeded(const KvGroup& g, int64_t tokens, int64_t encoder_tokens) {
+  return g.rule.BlocksHeld(tokens, encoder_tokens, std::max(g.block_tokens, 1));
+}
+
+std::vector<int64_t> ClassDemand(const std::vector<KvGroup>& groups, size_t num_classes,
+                                 int64_t tokens, int64_t encoder_tokens) {
+  std::vector<int64_t> need(num_classes, 0);
+  for (const KvGroup& g : groups) {
+    need[static_cast<size_t>(g.page_class)] += PagesNeeded(g, tokens, encoder_tokens);
+  }
+  return need;
+}
+
+int64_t UniformBytesPerToken(const ModelSpec& model) {
+  int64_t total = 0;
+  int64_t first_kv = 0;
+  int64_t recurrent = 0;
+  for (const LayerSpec& l : model.layers) {
+    if (l.owns_kv()) {
+      if (first_kv == 0) first_kv = l.kv_bytes_per_token();
+      total += l.kv_bytes_per_token();
+    }
+    if (l.owns_state()) ++recurrent;
+  }
+  return total + recurrent * first_kv;
+}
+
+Footprint ComputeFootprint(const ModelSpec& model, const std::vector<KvGroup>& groups,
+                           const std::vector<PageClass>& classes, int64_t uniform_bytes_per_token,
+                           int32_t block_tokens, int64_t tokens, int64_t encoder_tokens) {
+  tokens = std::max<int64_t>(tokens, 0);
+  encoder_tokens = std::max<int64_t>(encoder_tokens, 0);
+  Footprint f;
+  f.tokens = tokens;
+  f.encoder_tokens = encoder_tokens;
+
+  for (const LayerSpec& l : model.layers) {
+    f.ideal_bytes += l.kv_bytes_per_token() * TokenRuleOf(l).IdealTokens(tokens, encoder_tokens);
+  }
+  f.ideal_bytes += model.state_bytes_per_sequence();
+
+  f.pages_per_group.resize(groups.size());
+  for (const KvGroup& g : groups) {
+    const int64_t pages = PagesNeeded(g, tokens, encoder_tokens);
+    f.pages_per_group[static_cast<size_t>(g.id)] = pages;
+    // A page costs what it occupies in its buffer (more than the group's page in a per-layer
+    // layout whose slots differ between the class's groups).
+    f.hybridkv_bytes += pages * classes[static_cast<size_t>(g.page_class)].page_bytes;
+  }
+
+  const int64_t slots = CeilDiv(tokens + encoder_tokens, block_tokens) * block_tokens;
+  f.uniform_bytes = slots * uniform_bytes_per_token;
+  // Without any attention layer the uniform layout has no token slots; it still keeps the state.
+  if (!HasKvLayer(model)) f.uniform_bytes += model.state_bytes_per_sequence();
+  return f;
+}
+
+double Footprint::hybridkv_waste() const {
+  return WasteOf(hybridkv_bytes, ideal_bytes);
+}
+double Footprint::uniform_waste() const {
+  return WasteOf(uniform_bytes, ideal_bytes);
+}
+
+int64_t Plan::num_pages() const {
+  int64_t total = 0;
+  for (const PageClass& c : page_classes)
+    total += c.num_pages;
+  return total;
+}
+
+Footprint Plan::FootprintOf(int64_t tokens, int64_t encoder_tokens) const {
+  return ComputeFootprint(model, groups, page_classes, uniform_bytes_per_token,
+                          options.block_tokens, tokens, encoder_tokens);
+}
+
+int64_t Plan::MaxSequences(int64_t tokens, int64_t encoder_tokens) const {
+  const std::vector<int64_t> need =
+      ClassDemand(groups, page_classes.size(), std::max<int64_t>(tokens, 0),
+                  std::max<int64_t>(encoder_tokens, 0));
+  int64_t best = std::numeric_limits<int64_t>::max();  // a sequence needing no pages is unbounded
+  for (size_t c = 0; c < need.size(); ++c) {
+    if (need[c] > 0) best = std::min(best, page_classes[c].num_pages / need[c]);
+  }
+  return best;
+}
+
+int64_t Plan::MaxSequencesUniform(int64_t tokens, int64_t encoder_tokens) const {
+  const int64_t bt = options.block_tokens;
+  if (uniform_bytes_per_token == 0) {
+    // Only recurrent layers: the uniform layout holds one state per sequence.
+    const int64_t state = model.state_bytes_per_sequence();
+    return state > 0 ? options.memory_bytes / state : std::numeric_limits<int64_t>::max();
+  }
+  const int64_t blocks = options.memory_bytes / (bt * uniform_bytes_per_token);
+  const int64_t per_sequence =
+      CeilDiv(std::max<int64_t>(tokens, 0) + std::max<int64_t>(encoder_tokens, 0), bt);
+  return per_sequence > 0 ? blocks / per_sequence : std::numeric_limits<int64_t>::max();
+}
+
+}  // namespace hkv

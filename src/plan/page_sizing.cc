@@ -1,0 +1,153 @@
+#include "page_sizing.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "capacity.h"
+#include "grouping.h"
+#include "memory_layout.h"
+
+namespace hkv {
+namespace {
+
+std::string_view StrategyName(PageStrategy s) {
+  switch (s) {
+    case PageStrategy::kAuto:
+      return "auto";
+    case PageStrategy::kSingleClass:
+      return "single-class";
+    case PageStrategy::kMultiClass:
+      return "multi-class";
+  }
+  return "?";
+}
+
+// Groups with equal pages share a class, in order of first appearance; ids are renumbered.
+void AssignPageClasses(std::vector<KvGroup>& groups, std::vector<PageClass>& classes) {
+  classes.clear();
+  for (size_t i = 0; i < groups.size(); ++i) {
+    KvGroup& g = groups[i];
+    g.id = static_cast<int32_t>(i);
+    auto it = std::find_if(classes.begin(), classes.end(),
+                           [&](const PageClass& c) { return c.page_bytes == g.page_bytes; });
+    if (it == classes.end()) {
+      it = classes.insert(classes.end(), PageClass{});
+      it->id = static_cast<int32_t>(classes.size() - 1);
+      it->page_bytes = g.page_bytes;
+    }
+    g.page_class = it->id;
+    it->groups.push_back(g.id);
+  }
+}
+
+// Why no single page size fits this model, or "" when one does.
+std::string SingleClassObstacle(const ModelSpec& model, const std::vector<KvGroup>& rule_groups) {
+  for (const KvGroup& g : rule_groups) {
+    if (g.is_state()) {
+      return fmt::format(
+          "the recurrent state ({} bytes per sequence) cannot share one page size with attention "
+          "blocks",
+          g.page_bytes);
+    }
+  }
+  const LayerSpec* first = nullptr;
+  for (size_t i = 0; i < model.layers.size(); ++i) {
+    const LayerSpec& l = model.layers[i];
+    if (!l.owns_kv()) continue;
+    if (first == nullptr) {
+      first = &l;
+    } else if (l.kv_bytes_per_token() != first->kv_bytes_per_token()) {
+      return fmt::format(
+          "layers keep different KV bytes per token (model layer {}: {}, model layer {}: {})",
+          first->layer, first->kv_bytes_per_token(), l.layer, l.kv_bytes_per_token());
+    }
+  }
+  if (first == nullptr) return "the model has no attention layer that owns its KV cache";
+  return "";
+}
+
+// RFC milestone 1: every group gets the layer count of the smallest one, so one page fits all.
+// Larger groups are cut into runs of consecutive layers; the last run is padded.
+std::vector<KvGroup> SplitEqual(const std::vector<KvGroup>& rule_groups, int64_t layer_page_bytes) {
+  size_t slots = rule_groups.front().layers.size();
+  for (const KvGroup& g : rule_groups)
+    slots = std::min(slots, g.layers.size());
+  std::vector<KvGroup> out;
+  for (const KvGroup& g : rule_groups) {
+    for (size_t begin = 0; begin < g.layers.size(); begin += slots) {
+      KvGroup& sub = out.emplace_back();
+      sub.rule = g.rule;
+      sub.block_tokens = g.block_tokens;
+      const size_t end = std::min(g.layers.size(), begin + slots);
+      sub.layers.assign(g.layers.begin() + static_cast<std::ptrdiff_t>(begin),
+                        g.layers.begin() + static_cast<std::ptrdiff_t>(end));
+      sub.padding_layers = static_cast<int32_t>(slots - (end - begin));
+      sub.page_bytes = static_cast<int64_t>(slots) * layer_page_bytes;
+    }
+  }
+  return out;
+}
+
+void Evaluate(const ModelSpec& model, const PlanOptions& o, int64_t uniform_bytes_per_token,
+              Candidate& c) {
+  AssignPageClasses(c.groups, c.classes);
+  SetClassPageBytes(model, o.layout, c.groups, c.classes);
+  const Footprint f = ComputeFootprint(model, c.groups, c.classes, uniform_bytes_per_token,
+                                       o.block_tokens, o.seq_tokens, o.encoder_tokens);
+  c.summary.feasible = true;
+  c.summary.wasted_bytes = f.hybridkv_bytes - f.ideal_bytes;
+  c.summary.num_groups = static_cast<int32_t>(c.groups.size());
+  c.summary.num_classes = static_cast<int32_t>(c.classes.size());
+}
+
+}  // namespace
+
+std::vector<Candidate> PageCandidates(const ModelSpec& model,
+                                      const std::vector<KvGroup>& rule_groups,
+                                      const PlanOptions& options, int64_t uniform_bytes_per_token) {
+  std::vector<Candidate> out(2);
+  Candidate& single = out[0];
+  single.summary.strategy = PageStrategy::kSingleClass;
+  single.summary.why_not = SingleClassObstacle(model, rule_groups);
+  if (single.summary.why_not.empty()) {
+    // Every KV-owning layer has the same bytes per token here, so one layer's block is one slot.
+    const int64_t layer_page =
+        PageBytesOf(model, {rule_groups.front().layers.front()}, options.block_tokens);
+    single.groups = SplitEqual(rule_groups, layer_page);
+    Evaluate(model, options, uniform_bytes_per_token, single);
+  }
+
+  Candidate& multi = out[1];
+  multi.summary.strategy = PageStrategy::kMultiClass;
+  multi.groups = rule_groups;
+  Evaluate(model, options, uniform_bytes_per_token, multi);
+  return out;
+}
+
+Result<size_t> ChooseCandidate(const std::vector<Candidate>& candidates, PageStrategy strategy) {
+  if (strategy != PageStrategy::kAuto) {
+    for (size_t i = 0; i < candidates.size(); ++i) {
+      const PageCandidate& s = candidates[i].summary;
+      if (s.strategy != strategy) continue;
+      if (!s.feasible) {
+        return Status::InvalidArgument(fmt::format("strategy = {}: not possible for this model: {}",
+                                                   StrategyName(strategy), s.why_not));
+      }
+      return i;
+    }
+    return Status::InvalidArgument(
+        fmt::format("strategy = {}: unknown page strategy", static_cast<int>(strategy)));
+  }
+  // Candidates are listed single class first, so strict < keeps it on a tie.
+  size_t best = candidates.size();
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    const PageCandidate& s = candidates[i].summary;
+    if (!s.feasible) continue;
+    if (best == candidates.size() || s.wasted_bytes < candidates[best].summary.wasted_bytes)
+      best = i;
+  }
+  return best;  // multi-class is always feasible
+}
+
+}  // namespace hkv

@@ -1,0 +1,133 @@
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include <hkv/spec/model_spec.h>
+#include <hkv/spec/token_rule.h>
+
+namespace hkv {
+namespace {
+
+Status LayerError(const ModelSpec& m, size_t i, std::string_view what) {
+  return Status::InvalidArgument(fmt::format("{}: layers[{}] (model layer {}, {}): {}", m.source, i,
+                                             m.layers[i].layer, LayerKindName(m.layers[i].kind),
+                                             what));
+}
+
+}  // namespace
+
+Status ModelSpec::Validate() const {
+  if (num_layers <= 0) {
+    return Status::InvalidArgument(
+        fmt::format("{}: num_layers = {}: expected a positive layer count", source, num_layers));
+  }
+  std::vector<int> seen(static_cast<size_t>(num_layers), 0);
+  int32_t previous = 0;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const LayerSpec& l = layers[i];
+    if (l.layer < 0 || l.layer >= num_layers) {
+      return LayerError(*this, i,
+                        fmt::format("layer index {} outside [0, {})", l.layer, num_layers));
+    }
+    if (l.layer < previous) return LayerError(*this, i, "layers are not in model-layer order");
+    previous = l.layer;
+    ++seen[static_cast<size_t>(l.layer)];
+    if (IsAttentionKind(l.kind)) {
+      if (l.num_kv_heads <= 0 || l.head_dim_k <= 0 || l.head_dim_v < 0) {
+        return LayerError(
+            *this, i,
+            fmt::format("num_kv_heads = {}, head_dim_k = {}, head_dim_v = {}: expected "
+                        "positive heads and key width, non-negative value width",
+                        l.num_kv_heads, l.head_dim_k, l.head_dim_v));
+      }
+      if (l.num_q_heads > 0 && l.num_q_heads % l.num_kv_heads != 0) {
+        return LayerError(*this, i,
+                          fmt::format("num_kv_heads = {} does not divide num_q_heads = {}",
+                                      l.num_kv_heads, l.num_q_heads));
+      }
+      if (l.kind == LayerKind::kSlidingWindow && l.window <= 0) {
+        return LayerError(*this, i, fmt::format("window = {}: expected > 0", l.window));
+      }
+      if (l.kind == LayerKind::kChunkedLocal && l.chunk <= 0) {
+        return LayerError(*this, i, fmt::format("chunk = {}: expected > 0", l.chunk));
+      }
+      if (l.sink_tokens < 0) {
+        return LayerError(*this, i, fmt::format("sink_tokens = {}: expected >= 0", l.sink_tokens));
+      }
+    }
+    if (l.kv_source_layer >= 0) {
+      if (!IsAttentionKind(l.kind)) return LayerError(*this, i, "only attention layers share KV");
+      if (l.kv_source_layer >= l.layer) {
+        return LayerError(
+            *this, i,
+            fmt::format("kv_source_layer = {}: expected an earlier layer", l.kv_source_layer));
+      }
+      bool found = false;
+      for (const LayerSpec& s : layers) {
+        if (s.layer == l.kv_source_layer && s.owns_kv() && s.kind == l.kind) found = true;
+      }
+      if (!found) {
+        return LayerError(*this, i,
+                          fmt::format("kv_source_layer = {} is not a cache-owning attention layer "
+                                      "of the same kind",
+                                      l.kv_source_layer));
+      }
+    }
+    if (IsRecurrentKind(l.kind)) {
+      if (l.state.empty()) return LayerError(*this, i, "recurrent layer without state tensors");
+      for (const StateTensor& t : l.state) {
+        for (int64_t d : t.shape) {
+          if (d <= 0) {
+            return LayerError(
+                *this, i,
+                fmt::format("state tensor '{}' has dimension {}: expected > 0", t.name, d));
+          }
+        }
+      }
+    }
+  }
+  for (int32_t i = 0; i < num_layers; ++i) {
+    if (seen[static_cast<size_t>(i)] == 0) {
+      return Status::InvalidArgument(
+          fmt::format("{}: model layer {} has no LayerSpec (use kind mlp for layers that keep "
+                      "nothing)",
+                      source, i));
+    }
+  }
+  return Status::Ok();
+}
+
+int64_t ModelSpec::bytes_per_token_full() const {
+  int64_t total = 0;
+  for (const LayerSpec& l : layers) {
+    if (TokenRuleOf(l).kind == TokenRuleKind::kAll) total += l.kv_bytes_per_token();
+  }
+  return total;
+}
+
+int64_t ModelSpec::state_bytes_per_sequence() const {
+  int64_t total = 0;
+  for (const LayerSpec& l : layers)
+    total += l.state_bytes();
+  return total;
+}
+
+std::vector<std::string> ModelSpec::LayerKindNames() const {
+  std::vector<std::string> names(static_cast<size_t>(std::max(num_layers, 0)));
+  for (const LayerSpec& l : layers) {
+    if (l.layer < 0 || l.layer >= num_layers) continue;
+    std::string& name = names[static_cast<size_t>(l.layer)];
+    if (!name.empty()) name += '+';
+    name += LayerKindName(l.kind);
+  }
+  return names;
+}
+
+bool ModelSpec::has_cross_attention() const {
+  for (const LayerSpec& l : layers) {
+    if (l.kind == LayerKind::kCrossAttention) return true;
+  }
+  return false;
+}
+
+}  // namespace hkv

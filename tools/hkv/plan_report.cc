@@ -1,0 +1,207 @@
+#include "plan_report.h"
+
+#include <algorithm>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <hkv/common/byte_size.h>
+
+namespace hkv::cli {
+namespace {
+
+std::string_view StrategyName(PageStrategy s) {
+  switch (s) {
+    case PageStrategy::kAuto:
+      return "auto";
+    case PageStrategy::kSingleClass:
+      return "single_class";
+    case PageStrategy::kMultiClass:
+      return "multi_class";
+  }
+  return "?";
+}
+
+// A group is named after its layers' kind when they all agree (e.g. "mla", "mamba2"), otherwise
+// after its token rule.
+std::string GroupKind(const Plan& plan, const KvGroup& g) {
+  const auto& layers = plan.model.layers;
+  const LayerKind first = layers[static_cast<size_t>(g.layers.front())].kind;
+  const bool same = std::all_of(g.layers.begin(), g.layers.end(), [&](int32_t i) {
+    return layers[static_cast<size_t>(i)].kind == first;
+  });
+  if (same) return std::string(LayerKindName(first));
+  return g.is_state() ? "recurrent" : "attention";
+}
+
+std::vector<int32_t> ModelLayers(const Plan& plan, const KvGroup& g) {
+  std::vector<int32_t> out;
+  out.reserve(g.layers.size());
+  for (int32_t i : g.layers)
+    out.push_back(plan.model.layers[static_cast<size_t>(i)].layer);
+  return out;
+}
+
+std::string Percent(double x) {
+  return fmt::format("{:.2f}%", 100.0 * x);
+}
+
+}  // namespace
+
+nlohmann::json PlanToJson(const Plan& plan) {
+  using nlohmann::json;
+  const PlanOptions& o = plan.options;
+  json doc;
+  doc["model_type"] = plan.model.model_type;
+  doc["source"] = plan.model.source;
+  doc["num_layers"] = plan.model.num_layers;
+  doc["layers"] = plan.model.LayerKindNames();
+  doc["options"] = {{"memory_bytes", o.memory_bytes},
+                    {"block_tokens", o.block_tokens},
+                    {"max_model_len", o.max_model_len},
+                    {"seq_tokens", o.seq_tokens},
+                    {"encoder_tokens", o.encoder_tokens},
+                    {"layout", o.layout == TensorLayout::kCanonical ? "canonical" : "per-layer"}};
+  doc["strategy"] = StrategyName(plan.strategy);
+  json candidates = json::array();
+  for (const PageCandidate& c : plan.candidates) {
+    json jc = {{"strategy", StrategyName(c.strategy)}, {"feasible", c.feasible}};
+    if (c.feasible) {
+      jc["wasted_bytes"] = c.wasted_bytes;
+      jc["num_groups"] = c.num_groups;
+      jc["num_classes"] = c.num_classes;
+    } else {
+      jc["why_not"] = c.why_not;
+    }
+    candidates.push_back(std::move(jc));
+  }
+  doc["candidates"] = std::move(candidates);
+  json groups = json::array();
+  for (const KvGroup& g : plan.groups) {
+    groups.push_back({{"id", g.id},
+                      {"kind", GroupKind(plan, g)},
+                      {"rule", g.rule.Describe()},
+                      {"layers", ModelLayers(plan, g)},
+                      {"padding_layers", g.padding_layers},
+                      {"block_tokens", g.block_tokens},
+                      {"page_bytes", g.page_bytes},
+                      {"page_class", g.page_class}});
+  }
+  doc["groups"] = std::move(groups);
+  json classes = json::array();
+  for (const PageClass& c : plan.page_classes) {
+    classes.push_back({{"id", c.id},
+                       {"page_bytes", c.page_bytes},
+                       {"num_pages", c.num_pages},
+                       {"buffer_bytes", c.buffer_bytes()},
+                       {"groups", c.groups}});
+  }
+  doc["page_classes"] = std::move(classes);
+  doc["num_blocks"] = plan.num_pages();
+  doc["bytes_per_token_full"] = plan.model.bytes_per_token_full();
+  doc["state_bytes_per_sequence"] = plan.model.state_bytes_per_sequence();
+  doc["uniform_bytes_per_token"] = plan.uniform_bytes_per_token;
+  const Footprint f = plan.PlanningFootprint();
+  doc["sequence"] = {{"tokens", f.tokens},
+                     {"encoder_tokens", f.encoder_tokens},
+                     {"ideal_bytes", f.ideal_bytes},
+                     {"hybridkv_bytes", f.hybridkv_bytes},
+                     {"uniform_bytes", f.uniform_bytes},
+                     {"hybridkv_waste", f.hybridkv_waste()},
+                     {"uniform_waste", f.uniform_waste()},
+                     {"pages_per_group", f.pages_per_group}};
+  doc["max_sequences"] = {{"hybridkv", plan.MaxSequences(f.tokens, f.encoder_tokens)},
+                          {"uniform", plan.MaxSequencesUniform(f.tokens, f.encoder_tokens)}};
+  json tensors = json::array();
+  for (const TensorView& t : plan.layout.tensors) {
+    tensors.push_back({{"layer", plan.model.layers[static_cast<size_t>(t.layer)].layer},
+                       {"name", t.name},
+                       {"page_class", t.page_class},
+                       {"offset", t.offset},
+                       {"block_stride", t.block_stride},
+                       {"bytes", t.bytes},
+                       {"block_shape", t.block_shape},
+                       {"dtype", DTypeName(t.dtype)}});
+  }
+  doc["layout"] = {{"kind", o.layout == TensorLayout::kCanonical ? "canonical" : "per-layer"},
+                   {"tensors", std::move(tensors)}};
+  doc["warnings"] = plan.warnings;
+  return doc;
+}
+
+void PrintPlanTable(const Plan& plan, bool show_layout, std::ostream& out) {
+  const PlanOptions& o = plan.options;
+  const ModelSpec& m = plan.model;
+  out << fmt::format("hybridkv plan: {} ({}, {} layers)\n", m.source, m.model_type, m.num_layers);
+  out << fmt::format("  memory {}, block {} tokens, max model len {}, layout {}\n",
+                     FormatBytes(o.memory_bytes), o.block_tokens, o.max_model_len,
+                     o.layout == TensorLayout::kCanonical ? "canonical" : "per-layer");
+
+  // Layer pattern, run-length encoded so 48-layer models stay on a few lines.
+  out << "\nLayers\n";
+  const std::vector<std::string> kinds = m.LayerKindNames();
+  for (size_t i = 0; i < kinds.size();) {
+    size_t j = i;
+    while (j < kinds.size() && kinds[j] == kinds[i])
+      ++j;
+    out << fmt::format("  {:>3}{:<5} {}\n", i, j - i > 1 ? fmt::format("-{}", j - 1) : "",
+                       kinds[i]);
+    i = j;
+  }
+
+  out << "\nGroups (all layers of a group share one block table)\n";
+  out << fmt::format("  {:>2}  {:<16} {:<22} {:>6} {:>4} {:>6} {:>12} {:>5}\n", "id", "kind",
+                     "keeps", "layers", "pad", "block", "page", "class");
+  for (const KvGroup& g : plan.groups) {
+    out << fmt::format("  {:>2}  {:<16} {:<22} {:>6} {:>4} {:>6} {:>12} {:>5}\n", g.id,
+                       GroupKind(plan, g), g.rule.Describe(), g.layers.size(), g.padding_layers,
+                       g.is_state() ? std::string("state") : std::to_string(g.block_tokens),
+                       FormatBytes(g.page_bytes), g.page_class);
+  }
+  out << "\nPage classes (one buffer each)\n";
+  for (const PageClass& c : plan.page_classes) {
+    out << fmt::format("  class {}: {} pages of {} = {} (groups {})\n", c.id, c.num_pages,
+                       FormatBytes(c.page_bytes), FormatBytes(c.buffer_bytes()),
+                       fmt::join(c.groups, ", "));
+  }
+  out << fmt::format("  strategy {}:", StrategyName(plan.strategy));
+  for (const PageCandidate& c : plan.candidates) {
+    if (c.feasible) {
+      out << fmt::format("  {} wastes {} per sequence;", StrategyName(c.strategy),
+                         FormatBytes(c.wasted_bytes));
+    } else {
+      out << fmt::format("  {} not possible ({});", StrategyName(c.strategy), c.why_not);
+    }
+  }
+  out << "\n";
+
+  const Footprint f = plan.PlanningFootprint();
+  out << fmt::format(
+      "\nOne sequence of {} tokens{}\n", f.tokens,
+      f.encoder_tokens > 0 ? fmt::format(" + {} encoder tokens", f.encoder_tokens) : std::string());
+  out << fmt::format("  {:<10} {:>14} {:>9} {:>15}\n", "", "bytes", "waste", "max sequences");
+  out << fmt::format("  {:<10} {:>14} {:>9} {:>15}\n", "ideal", FormatBytes(f.ideal_bytes), "", "");
+  out << fmt::format("  {:<10} {:>14} {:>9} {:>15}\n", "hybridkv", FormatBytes(f.hybridkv_bytes),
+                     Percent(f.hybridkv_waste()), plan.MaxSequences(f.tokens, f.encoder_tokens));
+  out << fmt::format("  {:<10} {:>14} {:>9} {:>15}\n", "uniform", FormatBytes(f.uniform_bytes),
+                     Percent(f.uniform_waste()),
+                     plan.MaxSequencesUniform(f.tokens, f.encoder_tokens));
+  out << fmt::format("  full-attention bytes per token {}, recurrent state per sequence {}\n",
+                     m.bytes_per_token_full(), FormatBytes(m.state_bytes_per_sequence()));
+
+  if (show_layout) {
+    out << "\nLayout (block b of a tensor is at offset + b * stride)\n";
+    out << fmt::format("  {:>5} {:<7} {:>5} {:>14} {:>12} {:>10}  {}\n", "layer", "tensor", "class",
+                       "offset", "stride", "bytes", "block shape");
+    for (const TensorView& t : plan.layout.tensors) {
+      out << fmt::format("  {:>5} {:<7} {:>5} {:>14} {:>12} {:>10}  ({})\n",
+                         m.layers[static_cast<size_t>(t.layer)].layer, t.name, t.page_class,
+                         t.offset, t.block_stride, t.bytes, fmt::join(t.block_shape, ", "));
+    }
+  }
+}
+
+}  // namespace hkv::cli
