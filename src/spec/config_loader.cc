@@ -8,6 +8,7 @@
 #include <hkv/spec/config_loader.h>
 
 #include "config_reader.h"
+#include "layer_pattern.h"
 #include "model_families.h"
 
 namespace hkv {

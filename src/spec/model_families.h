@@ -1,4 +1,4 @@
-// Reading the layer pattern and geometry of each supported model family from its config.
+// Building a ModelSpec from the language-model part of a config: pattern, then geometry.
 //
 // Contract: BuildModelSpec turns the language-model part of a config (`text`, which is the root
 // for flat configs and `text_config` for nested ones) into a valid ModelSpec, or fails with a
@@ -8,7 +8,6 @@
 #pragma once
 
 #include <string_view>
-#include <vector>
 
 #include <hkv/common/result.h>
 #include <hkv/spec/config_loader.h>
@@ -20,7 +19,5 @@ namespace hkv::spec_internal {
 
 Result<ModelSpec> BuildModelSpec(const ConfigReader& root, const ConfigReader& text,
                                  std::string_view model_type, const LoadOptions& options);
-
-const std::vector<std::string_view>& FamilyModelTypes();
 
 }  // namespace hkv::spec_internal
