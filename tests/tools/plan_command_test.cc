@@ -1,6 +1,7 @@
 // `hkv plan` end to end, in process: options in, JSON/table out, errors as exit codes.
 #include "plan_command.h"
 
+#include <filesystem>
 #include <sstream>
 
 #include <gtest/gtest.h>
@@ -136,6 +137,23 @@ TEST(PlanCommandTest, EveryBundledModelPlans) {
     const Outcome r = RunPlan(a);
     EXPECT_EQ(r.code, 0) << model << ": " << r.err;
   }
+}
+
+TEST(PlanCommandTest, EveryFamilyFixturePlans) {
+  int planned = 0;
+  for (const auto& entry :
+       std::filesystem::directory_iterator(std::string(HKV_TEST_DATA_DIR) + "/configs")) {
+    PlanArgs a;
+    a.config = entry.path().string();
+    a.json = true;
+    a.seq_len = 2048;
+    a.max_model_len = 4096;
+    const nlohmann::json j = Json(RunPlan(a));
+    EXPECT_GT(j["max_sequences"]["hybridkv"].get<int64_t>(), 0) << a.config;
+    EXPECT_LT(j["sequence"]["hybridkv_waste"].get<double>(), 0.01) << a.config;
+    ++planned;
+  }
+  EXPECT_GE(planned, 9);
 }
 
 }  // namespace
