@@ -4,7 +4,7 @@
 // "<source>: field '<dotted.path>' = <value as found>: expected <what>", or for a missing required
 // field "<source>: field '<path>' is missing: expected <what>". A JSON null counts as absent, as
 // transformers treats it. Integer accessors reject floats with a fractional part, booleans and
-// values outside int32 where they say so. Private to src/spec.
+// values above INT32_MAX. Private to src/spec.
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,7 @@
 #include "layer_geometry.h"
 
+#include <limits>
+
 #include <fmt/format.h>
 
 namespace hkv::spec_internal {
@@ -77,6 +79,10 @@ Result<RecurrentGeometry> ReadMamba(const ConfigReader& text, std::string_view t
                                                     "the Mamba expansion factor"));
     d_inner = expand * hidden;
   }
+  if (d_inner > std::numeric_limits<int32_t>::max()) {
+    return text.Invalid(text.FirstPresent({"mamba_d_ssm", "mamba_expand", "expand"}),
+                        fmt::format("a Mamba inner width that fits in int32 (got {})", d_inner));
+  }
   if (kind == Mixer::kMamba1) {
     g.d_inner = static_cast<int32_t>(d_inner);
     return g;
@@ -104,6 +110,10 @@ Result<RecurrentGeometry> ReadMamba(const ConfigReader& text, std::string_view t
   if (d.inner_from_heads) {
     if (head_dim == 0) return text.Missing(*kHeadDimKeys.begin(), "the Mamba-2 head width");
     d_inner = heads * head_dim;
+    if (d_inner > std::numeric_limits<int32_t>::max()) {
+      return text.Invalid(*kHeadsKeys.begin(),
+                          fmt::format("heads x head width that fits in int32 (got {})", d_inner));
+    }
   }
   if (head_dim == 0) {
     if (d_inner % heads != 0) {

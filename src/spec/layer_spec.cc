@@ -45,22 +45,31 @@ bool IsRecurrentKind(LayerKind kind) {
 }
 
 int64_t StateTensor::elements() const {
+  if (shape.empty()) return 0;
   int64_t n = 1;
-  for (int64_t d : shape)
-    n *= d;
-  return shape.empty() ? 0 : n;
+  for (int64_t d : shape) {
+    if (d < 0 || __builtin_mul_overflow(n, d, &n)) return kSaturated;
+  }
+  return n;
+}
+
+int64_t StateTensor::bytes() const {
+  int64_t b = 0;
+  if (__builtin_mul_overflow(elements(), DTypeBytes(dtype), &b)) return kSaturated;
+  return b;
 }
 
 int64_t LayerSpec::kv_bytes_per_token() const {
   if (!owns_kv()) return 0;
-  const int64_t elements = int64_t{num_kv_heads} * (head_dim_k + head_dim_v);
+  const int64_t elements = int64_t{num_kv_heads} * (int64_t{head_dim_k} + head_dim_v);
   return elements * DTypeBytes(kv_dtype);
 }
 
 int64_t LayerSpec::state_bytes() const {
   int64_t total = 0;
-  for (const StateTensor& t : state)
-    total += t.bytes();
+  for (const StateTensor& t : state) {
+    if (__builtin_add_overflow(total, t.bytes(), &total)) return StateTensor::kSaturated;
+  }
   return total;
 }
 

@@ -1,5 +1,7 @@
 #include "model_families.h"
 
+#include <limits>
+
 #include <fmt/format.h>
 
 #include "layer_geometry.h"
@@ -7,6 +9,9 @@
 
 namespace hkv::spec_internal {
 namespace {
+
+// Far above any real model; keeps a hostile config from allocating per-layer tables of gigabytes.
+constexpr int64_t kMaxLayers = ModelSpec::kMaxLayers;
 
 int32_t I32(int64_t v) {
   return static_cast<int32_t>(v);
@@ -28,6 +33,9 @@ Result<ModelSpec> BuildModelSpec(const ConfigReader& root, const ConfigReader& t
     n = static_cast<int64_t>(pattern.size());
   } else {
     HKV_ASSIGN_OR_RETURN(n, text.PositiveInt("num_hidden_layers"));
+  }
+  if (n > kMaxLayers) {
+    return text.Invalid("num_hidden_layers", fmt::format("at most {} layers", kMaxLayers));
   }
   HKV_ASSIGN_OR_RETURN(int64_t hidden, text.PositiveInt("hidden_size"));
   HKV_ASSIGN_OR_RETURN(spec.max_position_embeddings,
@@ -57,6 +65,9 @@ Result<ModelSpec> BuildModelSpec(const ConfigReader& root, const ConfigReader& t
   if (Uses(pattern, Mixer::kMla)) {
     HKV_ASSIGN_OR_RETURN(kv_lora_rank, text.PositiveInt("kv_lora_rank"));
     HKV_ASSIGN_OR_RETURN(rope_dim, text.PositiveInt("qk_rope_head_dim"));
+    if (kv_lora_rank + rope_dim > std::numeric_limits<int32_t>::max()) {
+      return text.Invalid("kv_lora_rank", "kv_lora_rank + qk_rope_head_dim that fits in int32");
+    }
   }
   if (Uses(pattern, Mixer::kCross)) {
     HKV_ASSIGN_OR_RETURN(spec.max_encoder_tokens, ReadMaxEncoderTokens(root));

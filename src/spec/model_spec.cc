@@ -17,9 +17,12 @@ Status LayerError(const ModelSpec& m, size_t i, std::string_view what) {
 }  // namespace
 
 Status ModelSpec::Validate() const {
-  if (num_layers <= 0) {
-    return Status::InvalidArgument(
-        fmt::format("{}: num_layers = {}: expected a positive layer count", source, num_layers));
+  if (num_layers <= 0 || num_layers > kMaxLayers ||
+      layers.size() > 2 * static_cast<size_t>(kMaxLayers)) {
+    return Status::InvalidArgument(fmt::format(
+        "{}: num_layers = {} with {} layer specs: expected 1 to {} layers and at most two "
+        "specs per layer",
+        source, num_layers, layers.size(), kMaxLayers));
   }
   std::vector<int> seen(static_cast<size_t>(num_layers), 0);
   int32_t previous = 0;
@@ -33,11 +36,12 @@ Status ModelSpec::Validate() const {
     previous = l.layer;
     ++seen[static_cast<size_t>(l.layer)];
     if (IsAttentionKind(l.kind)) {
-      if (l.num_kv_heads <= 0 || l.head_dim_k <= 0 || l.head_dim_v < 0) {
+      if (l.num_kv_heads <= 0 || l.head_dim_k <= 0 || l.head_dim_v < 0 ||
+          l.num_kv_heads > kMaxWidth || l.head_dim_k > kMaxWidth || l.head_dim_v > kMaxWidth) {
         return LayerError(
             *this, i,
             fmt::format("num_kv_heads = {}, head_dim_k = {}, head_dim_v = {}: expected "
-                        "positive heads and key width, non-negative value width",
+                        "positive heads and key width, non-negative value width, each at most 2^20",
                         l.num_kv_heads, l.head_dim_k, l.head_dim_v));
       }
       if (l.num_q_heads > 0 && l.num_q_heads % l.num_kv_heads != 0) {
@@ -85,6 +89,25 @@ Status ModelSpec::Validate() const {
         }
       }
     }
+  }
+  // Byte totals stay far from int64 overflow in the planner (bytes x tokens x blocks).
+  int64_t kv_bytes = 0;
+  int64_t state_bytes = 0;
+  for (const LayerSpec& l : layers) {
+    kv_bytes += l.kv_bytes_per_token();
+    if (__builtin_add_overflow(state_bytes, l.state_bytes(), &state_bytes)) {
+      state_bytes = StateTensor::kSaturated;
+    }
+  }
+  if (kv_bytes > kMaxKvBytesPerToken) {
+    return Status::InvalidArgument(
+        fmt::format("{}: the layers keep {} KV bytes per token: expected at most {}", source,
+                    kv_bytes, kMaxKvBytesPerToken));
+  }
+  if (state_bytes > kMaxStateBytes) {
+    return Status::InvalidArgument(
+        fmt::format("{}: the recurrent state is {} bytes per sequence: expected at most {}", source,
+                    state_bytes, kMaxStateBytes));
   }
   for (int32_t i = 0; i < num_layers; ++i) {
     if (seen[static_cast<size_t>(i)] == 0) {

@@ -110,6 +110,23 @@ TEST(ConfigErrorsTest, MissingPatternFieldForTheLayersThatNeedIt) {
               StatusCode::kInvalidArgument, {"'kv_lora_rank' is missing"});
 }
 
+TEST(ConfigErrorsTest, AbsurdSizesAreRejectedBeforeTheyAllocateOrOverflow) {
+  ExpectError(LlamaWith("num_hidden_layers", "1000000000"), StatusCode::kInvalidArgument,
+              {"'num_hidden_layers' = 1000000000", "at most 65536 layers"});
+  ExpectError(LlamaWith("num_hidden_layers", "99999999999"), StatusCode::kInvalidArgument,
+              {"'num_hidden_layers' = 99999999999", "positive integer"});
+  ExpectError(R"({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+      "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 2000000000})",
+              StatusCode::kInvalidArgument, {"head_dim_k = 2000000000", "at most 2^20"});
+  ExpectError(R"({"model_type": "jamba", "hidden_size": 2000000000, "num_hidden_layers": 1,
+      "num_attention_heads": 4, "attn_layer_offset": 1, "mamba_expand": 2})",
+              StatusCode::kInvalidArgument, {"Mamba inner width that fits in int32"});
+  ExpectError(R"({"model_type": "jamba", "hidden_size": 1000000, "num_hidden_layers": 1,
+      "num_attention_heads": 4, "attn_layer_offset": 1, "mamba_expand": 2000,
+      "mamba_d_state": 1000000})",
+              StatusCode::kInvalidArgument, {"recurrent state is", "expected at most"});
+}
+
 TEST(ConfigErrorsTest, InvalidJson) {
   ExpectError(R"({"model_type": "llama", "hidden_size": )", StatusCode::kParseError,
               {"invalid JSON at byte"});

@@ -40,8 +40,11 @@ struct StateTensor {
   std::vector<int64_t> shape;
   DType dtype = DType::kBF16;
 
+  // Saturate at kSaturated instead of overflowing, so that ModelSpec::Validate can reject
+  // absurd shapes by their size.
+  static constexpr int64_t kSaturated = INT64_MAX;
   int64_t elements() const;
-  int64_t bytes() const { return elements() * DTypeBytes(dtype); }
+  int64_t bytes() const;
   bool operator==(const StateTensor&) const = default;
 };
 

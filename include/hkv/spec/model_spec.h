@@ -26,6 +26,12 @@ struct ModelSpec {
   std::vector<LayerSpec> layers;
   std::vector<std::string> warnings;
 
+  // Limits far above any real model that keep byte arithmetic in the planner exact.
+  static constexpr int32_t kMaxLayers = 1 << 16;
+  static constexpr int32_t kMaxWidth = 1 << 20;  // heads, head widths
+  static constexpr int64_t kMaxKvBytesPerToken = int64_t{1} << 28;
+  static constexpr int64_t kMaxStateBytes = int64_t{1} << 40;
+
   Status Validate() const;
 
   // Sum of kv_bytes_per_token over cache-owning layers that keep every decoder token.
