@@ -17,3 +17,6 @@ for preset in dev asan; do
   echo "== test ($preset)"
   ctest --preset "$preset" -j"$jobs"
 done
+
+echo "== fuzz (short run; scripts/fuzz.sh SECONDS for longer)"
+bash scripts/fuzz.sh "${HKV_FUZZ_SECONDS:-30}"

@@ -23,6 +23,9 @@ Result<ModelSpec> ParseModelConfig(std::string_view json_text, std::string_view 
   } catch (const nlohmann::json::parse_error& e) {
     return Status::ParseError(
         fmt::format("{}: invalid JSON at byte {}: {}", source, e.byte, e.what()));
+  } catch (const nlohmann::json::exception& e) {
+    // e.g. a number literal too large for any numeric type (found by fuzzing).
+    return Status::ParseError(fmt::format("{}: invalid JSON: {}", source, e.what()));
   }
   if (!root.is_object()) {
     return Status::InvalidArgument(

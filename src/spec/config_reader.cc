@@ -11,7 +11,8 @@ namespace {
 constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
 
 std::string Abbreviate(const nlohmann::json& v) {
-  std::string text = v.dump();
+  // Replace rather than throw on strings that are not valid UTF-8: this text only feeds messages.
+  std::string text = v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   if (text.size() > 80) text = text.substr(0, 77) + "...";
   return text;
 }

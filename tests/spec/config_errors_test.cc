@@ -131,6 +131,8 @@ TEST(ConfigErrorsTest, InvalidJson) {
   ExpectError(R"({"model_type": "llama", "hidden_size": )", StatusCode::kParseError,
               {"invalid JSON at byte"});
   ExpectError("[1, 2]", StatusCode::kInvalidArgument, {"expected a JSON object"});
+  // A number too large for any numeric type is a JSON error, not an exception.
+  ExpectError(R"({"hidden_size": 8888.8e82888888888})", StatusCode::kParseError, {"invalid JSON"});
 }
 
 TEST(ConfigErrorsTest, MissingAndUnreadableFiles) {
