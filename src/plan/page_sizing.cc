@@ -11,18 +11,6 @@
 namespace hkv {
 namespace {
 
-std::string_view StrategyName(PageStrategy s) {
-  switch (s) {
-    case PageStrategy::kAuto:
-      return "auto";
-    case PageStrategy::kSingleClass:
-      return "single-class";
-    case PageStrategy::kMultiClass:
-      return "multi-class";
-  }
-  return "?";
-}
-
 // Groups with equal pages share a class, in order of first appearance; ids are renumbered.
 void AssignPageClasses(std::vector<KvGroup>& groups, std::vector<PageClass>& classes) {
   classes.clear();
@@ -132,7 +120,7 @@ Result<size_t> ChooseCandidate(const std::vector<Candidate>& candidates, PageStr
       if (s.strategy != strategy) continue;
       if (!s.feasible) {
         return Status::InvalidArgument(fmt::format("strategy = {}: not possible for this model: {}",
-                                                   StrategyName(strategy), s.why_not));
+                                                   PageStrategyName(strategy), s.why_not));
       }
       return i;
     }

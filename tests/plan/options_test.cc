@@ -111,3 +111,24 @@ TEST(PlanOptionsTest, AnEmptyPlanningPointHasNoDemand) {
 
 }  // namespace
 }  // namespace hkv::testing
+
+namespace hkv {
+namespace {
+
+TEST(PlanOptionNamesTest, NamesRoundTripAndShortFormsParse) {
+  for (TensorLayout l : {TensorLayout::kCanonical, TensorLayout::kPerLayer}) {
+    EXPECT_EQ(*ParseTensorLayout(TensorLayoutName(l)), l);
+  }
+  for (PageStrategy s :
+       {PageStrategy::kAuto, PageStrategy::kSingleClass, PageStrategy::kMultiClass}) {
+    EXPECT_EQ(*ParsePageStrategy(PageStrategyName(s)), s);
+  }
+  EXPECT_EQ(*ParsePageStrategy("single"), PageStrategy::kSingleClass);
+  EXPECT_EQ(*ParsePageStrategy("multi"), PageStrategy::kMultiClass);
+  EXPECT_EQ(*ParseTensorLayout("per_layer"), TensorLayout::kPerLayer);
+  EXPECT_NE(ParseTensorLayout("diagonal").status().message().find("'diagonal'"), std::string::npos);
+  EXPECT_NE(ParsePageStrategy("best").status().message().find("'best'"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace hkv

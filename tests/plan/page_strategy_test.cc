@@ -92,7 +92,7 @@ TEST(PageStrategyTest, RecurrentStateRulesOutTheSingleClass) {
   const Result<Plan> forced = MakePlan(MambaHybrid(), o);
   ASSERT_FALSE(forced.ok());
   EXPECT_EQ(forced.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_THAT(forced.status().message(), HasSubstr("strategy = single-class"));
+  EXPECT_THAT(forced.status().message(), HasSubstr("strategy = single_class"));
   EXPECT_THAT(forced.status().message(), HasSubstr("recurrent state"));
 }
 

@@ -14,43 +14,23 @@
 namespace hkv::cli {
 namespace {
 
-Result<TensorLayout> ParseLayout(const std::string& text) {
-  if (text == "canonical") return TensorLayout::kCanonical;
-  if (text == "per-layer") return TensorLayout::kPerLayer;
-  return Status::InvalidArgument(
-      fmt::format("--layout '{}': expected canonical or per-layer", text));
-}
-
-Result<PageStrategy> ParseStrategy(const std::string& text) {
-  if (text == "auto") return PageStrategy::kAuto;
-  if (text == "single") return PageStrategy::kSingleClass;
-  if (text == "multi") return PageStrategy::kMultiClass;
-  return Status::InvalidArgument(
-      fmt::format("--strategy '{}': expected auto, single or multi", text));
-}
-
-Result<DType> ParseDTypeOption(std::string_view option, const std::string& text) {
-  Result<DType> dtype = ParseDType(text);
-  if (!dtype.ok()) {
-    return Status::InvalidArgument(fmt::format("{}: {}", option, dtype.status().message()));
-  }
-  return dtype;
+// Prefixes a library parse error with the option the text came from.
+template <typename T>
+Result<T> WithOption(std::string_view option, Result<T> parsed) {
+  if (parsed.ok()) return parsed;
+  return Status::InvalidArgument(fmt::format("{}: {}", option, parsed.status().message()));
 }
 
 Result<Plan> BuildPlan(const PlanArgs& args) {
   LoadOptions load;
-  HKV_ASSIGN_OR_RETURN(load.kv_dtype, ParseDTypeOption("--kv-dtype", args.kv_dtype));
-  HKV_ASSIGN_OR_RETURN(load.state_dtype, ParseDTypeOption("--state-dtype", args.state_dtype));
+  HKV_ASSIGN_OR_RETURN(load.kv_dtype, WithOption("--kv-dtype", ParseDType(args.kv_dtype)));
+  HKV_ASSIGN_OR_RETURN(load.state_dtype, WithOption("--state-dtype", ParseDType(args.state_dtype)));
   load.conv_dtype = load.kv_dtype;
   if (!args.conv_dtype.empty()) {
-    HKV_ASSIGN_OR_RETURN(load.conv_dtype, ParseDTypeOption("--conv-dtype", args.conv_dtype));
+    HKV_ASSIGN_OR_RETURN(load.conv_dtype, WithOption("--conv-dtype", ParseDType(args.conv_dtype)));
   }
   PlanOptions options;
-  Result<int64_t> memory = ParseByteSize(args.memory);
-  if (!memory.ok()) {
-    return Status::InvalidArgument(fmt::format("--memory: {}", memory.status().message()));
-  }
-  options.memory_bytes = *memory;
+  HKV_ASSIGN_OR_RETURN(options.memory_bytes, WithOption("--memory", ParseByteSize(args.memory)));
   if (args.block_tokens <= 0 || args.block_tokens > (int64_t{1} << 20)) {
     return Status::InvalidArgument(
         fmt::format("--block-tokens {}: expected 1 to {}", args.block_tokens, int64_t{1} << 20));
@@ -59,8 +39,9 @@ Result<Plan> BuildPlan(const PlanArgs& args) {
   options.max_model_len = args.max_model_len;
   options.seq_tokens = args.seq_len;
   options.encoder_tokens = args.encoder_tokens;
-  HKV_ASSIGN_OR_RETURN(options.layout, ParseLayout(args.layout));
-  HKV_ASSIGN_OR_RETURN(options.strategy, ParseStrategy(args.strategy));
+  HKV_ASSIGN_OR_RETURN(options.layout, WithOption("--layout", ParseTensorLayout(args.layout)));
+  HKV_ASSIGN_OR_RETURN(options.strategy,
+                       WithOption("--strategy", ParsePageStrategy(args.strategy)));
   HKV_ASSIGN_OR_RETURN(ModelSpec model, LoadModelConfig(args.config, load));
   return MakePlan(model, options);
 }

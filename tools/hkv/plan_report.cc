@@ -13,18 +13,6 @@
 namespace hkv::cli {
 namespace {
 
-std::string_view StrategyName(PageStrategy s) {
-  switch (s) {
-    case PageStrategy::kAuto:
-      return "auto";
-    case PageStrategy::kSingleClass:
-      return "single_class";
-    case PageStrategy::kMultiClass:
-      return "multi_class";
-  }
-  return "?";
-}
-
 // A group is named after its layers' kind when they all agree (e.g. "mla", "mamba2"), otherwise
 // after its token rule.
 std::string GroupKind(const Plan& plan, const KvGroup& g) {
@@ -59,16 +47,13 @@ nlohmann::json PlanToJson(const Plan& plan) {
   doc["source"] = plan.model.source;
   doc["num_layers"] = plan.model.num_layers;
   doc["layers"] = plan.model.LayerKindNames();
-  doc["options"] = {{"memory_bytes", o.memory_bytes},
-                    {"block_tokens", o.block_tokens},
-                    {"max_model_len", o.max_model_len},
-                    {"seq_tokens", o.seq_tokens},
-                    {"encoder_tokens", o.encoder_tokens},
-                    {"layout", o.layout == TensorLayout::kCanonical ? "canonical" : "per-layer"}};
-  doc["strategy"] = StrategyName(plan.strategy);
+  doc["options"] = {{"memory_bytes", o.memory_bytes},     {"block_tokens", o.block_tokens},
+                    {"max_model_len", o.max_model_len},   {"seq_tokens", o.seq_tokens},
+                    {"encoder_tokens", o.encoder_tokens}, {"layout", TensorLayoutName(o.layout)}};
+  doc["strategy"] = PageStrategyName(plan.strategy);
   json candidates = json::array();
   for (const PageCandidate& c : plan.candidates) {
-    json jc = {{"strategy", StrategyName(c.strategy)}, {"feasible", c.feasible}};
+    json jc = {{"strategy", PageStrategyName(c.strategy)}, {"feasible", c.feasible}};
     if (c.feasible) {
       jc["wasted_bytes"] = c.wasted_bytes;
       jc["num_groups"] = c.num_groups;
@@ -126,8 +111,7 @@ nlohmann::json PlanToJson(const Plan& plan) {
                        {"block_shape", t.block_shape},
                        {"dtype", DTypeName(t.dtype)}});
   }
-  doc["layout"] = {{"kind", o.layout == TensorLayout::kCanonical ? "canonical" : "per-layer"},
-                   {"tensors", std::move(tensors)}};
+  doc["layout"] = {{"kind", TensorLayoutName(o.layout)}, {"tensors", std::move(tensors)}};
   doc["warnings"] = plan.warnings;
   return doc;
 }
@@ -138,7 +122,7 @@ void PrintPlanTable(const Plan& plan, bool show_layout, std::ostream& out) {
   out << fmt::format("hybridkv plan: {} ({}, {} layers)\n", m.source, m.model_type, m.num_layers);
   out << fmt::format("  memory {}, block {} tokens, max model len {}, layout {}\n",
                      FormatBytes(o.memory_bytes), o.block_tokens, o.max_model_len,
-                     o.layout == TensorLayout::kCanonical ? "canonical" : "per-layer");
+                     TensorLayoutName(o.layout));
 
   // Layer pattern, run-length encoded so 48-layer models stay on a few lines.
   out << "\nLayers\n";
@@ -167,13 +151,13 @@ void PrintPlanTable(const Plan& plan, bool show_layout, std::ostream& out) {
                        FormatBytes(c.page_bytes), FormatBytes(c.buffer_bytes()),
                        fmt::join(c.groups, ", "));
   }
-  out << fmt::format("  strategy {}:", StrategyName(plan.strategy));
+  out << fmt::format("  strategy {}:", PageStrategyName(plan.strategy));
   for (const PageCandidate& c : plan.candidates) {
     if (c.feasible) {
-      out << fmt::format("  {} wastes {} per sequence;", StrategyName(c.strategy),
+      out << fmt::format("  {} wastes {} per sequence;", PageStrategyName(c.strategy),
                          FormatBytes(c.wasted_bytes));
     } else {
-      out << fmt::format("  {} not possible ({});", StrategyName(c.strategy), c.why_not);
+      out << fmt::format("  {} not possible ({});", PageStrategyName(c.strategy), c.why_not);
     }
   }
   out << "\n";

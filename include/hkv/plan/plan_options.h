@@ -7,6 +7,9 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
+
+#include <hkv/common/result.h>
 
 namespace hkv {
 
@@ -22,6 +25,13 @@ enum class PageStrategy : unsigned char {
   kSingleClass,  // one page size: groups split/padded to equal layer counts (RFC milestone 1)
   kMultiClass,   // one page class per distinct group page size (RFC milestone 2)
 };
+
+// Names as the CLI and JSON spell them: "canonical"/"per-layer", "auto"/"single_class"/
+// "multi_class". Parsing also accepts the short forms "single" and "multi".
+std::string_view TensorLayoutName(TensorLayout layout);
+std::string_view PageStrategyName(PageStrategy strategy);
+Result<TensorLayout> ParseTensorLayout(std::string_view text);
+Result<PageStrategy> ParsePageStrategy(std::string_view text);
 
 struct PlanOptions {
   int64_t memory_bytes = int64_t{16} << 30;
