@@ -4,17 +4,21 @@
 #include <CLI/CLI.hpp>
 
 #include "plan_command.h"
+#include "trace_command.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"hybridkv: KV-cache memory planning and management for hybrid LLMs", "hkv"};
   app.require_subcommand(1);
   hkv::cli::PlanArgs plan_args;
   CLI::App* plan = hkv::cli::AddPlanCommand(app, plan_args);
+  hkv::cli::TraceGenArgs trace_args;
+  CLI::App* trace_gen = hkv::cli::AddTraceCommand(app, trace_args);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
   if (plan->parsed()) return hkv::cli::RunPlanCommand(plan_args, std::cout, std::cerr);
+  if (trace_gen->parsed()) return hkv::cli::RunTraceGen(trace_args, std::cout, std::cerr);
   return 1;
 }
