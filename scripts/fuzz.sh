@@ -1,28 +1,37 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets with clang and runs each for a short, fixed time from the bundled
-# configs as seeds. Usage: scripts/fuzz.sh [seconds per target, default 30]
+# Builds the libFuzzer targets with clang and runs each for a short, fixed time, seeded with the
+# bundled configs (config_fuzz) or a small generated trace (trace_fuzz).
+# Usage: scripts/fuzz.sh [seconds per target, default 30]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-30}
+root=$PWD
 cmake --preset fuzz >/dev/null
 cmake --build --preset fuzz -- -j"${HKV_JOBS:-2}"
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-mkdir -p "$work/corpus" "$work/seeds"
+mkdir -p "$work/config/seeds" "$work/trace/seeds"
 i=0
 for f in models/*/config.json tests/data/configs/*.json; do
-  cp "$f" "$work/seeds/seed$i.json"
+  cp "$f" "$work/config/seeds/seed$i.json"
   i=$((i + 1))
 done
-echo "== fuzz config_fuzz for ${seconds}s"
-rc=0
-(cd "$work" && "$OLDPWD/build/fuzz/fuzz/config_fuzz" -max_total_time="$seconds" \
-  -rss_limit_mb=2048 -print_final_stats=1 corpus seeds >"$work/log" 2>&1) || rc=$?
-grep -E '^stat::(number_of_executed_units|new_units_added)' "$work/log" || true
-if [ "$rc" -ne 0 ]; then
-  echo "fuzz: config_fuzz failed (exit $rc); its report:" >&2
-  grep -v '^#' "$work/log" | tail -60 >&2
-  ls "$work" >&2
-  exit 1
-fi
+build/fuzz/tools/hkv/hkv trace gen --requests 4 --max-prompt 300 --seed 1 \
+  -o "$work/trace/seeds/seed.jsonl" 2>/dev/null
+
+for target in config trace; do
+  echo "== fuzz ${target}_fuzz for ${seconds}s"
+  dir="$work/$target"
+  mkdir -p "$dir/corpus"
+  rc=0
+  (cd "$dir" && "$root/build/fuzz/fuzz/${target}_fuzz" -max_total_time="$seconds" \
+    -rss_limit_mb=2048 -print_final_stats=1 corpus seeds >"$dir/log" 2>&1) || rc=$?
+  grep -E '^stat::(number_of_executed_units|new_units_added)' "$dir/log" || true
+  if [ "$rc" -ne 0 ]; then
+    echo "fuzz: ${target}_fuzz failed (exit $rc); its report:" >&2
+    grep -v '^#' "$dir/log" | tail -60 >&2
+    ls "$dir" >&2
+    exit 1
+  fi
+done
