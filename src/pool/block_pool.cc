@@ -65,6 +65,19 @@ void BlockPool::Append(int32_t b) {
   ++num_free_;
 }
 
+void BlockPool::Prepend(int32_t b) {
+  const size_t i = static_cast<size_t>(b);
+  prev_[i] = -1;
+  next_[i] = head_;
+  if (head_ >= 0)
+    prev_[static_cast<size_t>(head_)] = b;
+  else
+    tail_ = b;
+  head_ = b;
+  on_list_[i] = 1;
+  ++num_free_;
+}
+
 void BlockPool::Record(KvEvent::Kind kind, const PrefixKey& key, int32_t block) {
   if (record_events_) events_.push_back({kind, key, block});
 }
@@ -125,7 +138,7 @@ Status BlockPool::Publish(int32_t block, const PrefixKey& key) {
   return Status::Ok();
 }
 
-Status BlockPool::Free(std::span<const int32_t> blocks) {
+Status BlockPool::Free(std::span<const int32_t> blocks, Retention retention) {
   // Validate everything first: a rejected call must leave every count as it was.
   scratch_.assign(blocks.begin(), blocks.end());
   std::sort(scratch_.begin(), scratch_.end());
@@ -143,8 +156,15 @@ Status BlockPool::Free(std::span<const int32_t> blocks) {
     }
     k = run;
   }
-  for (int32_t b : blocks) {
-    if (--ref_[static_cast<size_t>(b)] == 0) Append(b);
+  if (retention == Retention::kNormal) {
+    for (int32_t b : blocks) {
+      if (--ref_[static_cast<size_t>(b)] == 0) Append(b);
+    }
+  } else {
+    // Prepending in reverse keeps the listed order at the head.
+    for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) {
+      if (--ref_[static_cast<size_t>(*it)] == 0) Prepend(*it);
+    }
   }
   return Status::Ok();
 }

@@ -61,6 +61,22 @@ TEST(BlockPoolTest, FreedBlocksAreEvictedInTheOrderGivenAfterOlderOnes) {
   ExpectValid(p);
 }
 
+TEST(BlockPoolTest, LowRetentionBlocksAreEvictedFirstInTheOrderGiven) {
+  BlockPool p = MakePool(7);
+  std::vector<int32_t> a, b;
+  ASSERT_TRUE(p.Allocate(3, a).ok());  // 1 2 3
+  ASSERT_TRUE(p.Allocate(3, b).ok());  // 4 5 6
+  const std::vector<int32_t> a_tail_first = {3, 2, 1};
+  const std::vector<int32_t> b_tail_first = {6, 5, 4};
+  ASSERT_TRUE(p.Free(a_tail_first).ok());
+  ASSERT_TRUE(p.Free(b_tail_first, Retention::kLow).ok());
+  EXPECT_EQ(p.FreeListOrder(), (std::vector<int32_t>{6, 5, 4, 3, 2, 1}));
+  std::vector<int32_t> got;
+  ASSERT_TRUE(p.Allocate(1, got).ok());
+  EXPECT_EQ(got, (std::vector<int32_t>{6}));
+  ExpectValid(p);
+}
+
 TEST(BlockPoolTest, LazyEvictionKeepsIdentityUntilReuse) {
   BlockPool p = MakePool(3);
   std::vector<int32_t> got;

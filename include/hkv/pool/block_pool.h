@@ -7,8 +7,10 @@
 // - Every other block is exactly one of: free (ref 0, on the free list) or held (ref > 0).
 // - The free list is in eviction order. Allocate takes from its head; Free appends to its tail
 //   in the order given, so a caller that passes a request's tail blocks first has them evicted
-//   first. Eviction is lazy: a free block keeps its prefix identity, and Find still returns it,
-//   until Allocate takes it for new data; then its identity is dropped (a `removed` event).
+//   first. Free with Retention::kLow puts the blocks at the head instead (still in the order
+//   given), for blocks worth nothing (no identity) or of low-priority requests. Eviction is
+//   lazy: a free block keeps its prefix identity, and Find still returns it, until Allocate takes
+//   it for new data; then its identity is dropped (a `removed` event).
 // - A prefix key maps to at most one block and a block has at most one key.
 // - Every call that returns a failed Status has changed nothing.
 // Metadata is struct-of-arrays, sized once; steady-state calls do not allocate (events aside).
@@ -23,6 +25,11 @@
 #include <hkv/pool/prefix_index.h>
 
 namespace hkv {
+
+enum class Retention : unsigned char {
+  kNormal,  // free-list tail: evicted after every block freed before
+  kLow,     // free-list head: evicted before every other free block
+};
 
 struct KvEvent {
   enum class Kind : unsigned char { kStored, kRemoved, kCleared };
@@ -49,7 +56,9 @@ class BlockPool {
   // left as it is and the call succeeds: the caller's copy stays private.
   Status Publish(int32_t block, const PrefixKey& key);
   // Drops one reference per listed block (a block may be listed as often as it is referenced).
-  Status Free(std::span<const int32_t> blocks);
+  // Blocks that become free are queued for eviction in the order listed, at the tail or, with
+  // Retention::kLow, at the head of the free list.
+  Status Free(std::span<const int32_t> blocks, Retention retention = Retention::kNormal);
   // Drops every prefix identity (held and free blocks alike) and emits one `cleared` event.
   void ResetPrefixCache();
 
@@ -58,6 +67,8 @@ class BlockPool {
   int32_t num_cached() const { return index_.size(); }
   int32_t ref_count(int32_t block) const { return ref_[static_cast<size_t>(block)]; }
   bool has_identity(int32_t block) const { return has_key_[static_cast<size_t>(block)] != 0; }
+  // The block's prefix key; meaningful only while has_identity(block).
+  const PrefixKey& identity(int32_t block) const { return key_[static_cast<size_t>(block)]; }
   // Blocks in eviction order (the next Allocate takes them from the front).
   std::vector<int32_t> FreeListOrder() const;
   std::vector<KvEvent> TakeEvents();
@@ -72,6 +83,7 @@ class BlockPool {
   Status CheckBlockId(int32_t block, const char* call) const;
   void Unlink(int32_t block);
   void Append(int32_t block);
+  void Prepend(int32_t block);
   void DropIdentity(int32_t block);
   void Record(KvEvent::Kind kind, const PrefixKey& key, int32_t block);
 
