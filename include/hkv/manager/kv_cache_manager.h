@@ -1,0 +1,135 @@
+// KvCacheManager: the one object an engine drives to place a hybrid model's KV cache and
+// recurrent state, share prefixes between requests, and roll requests back.
+//
+// Contract:
+// - A request is added with its prompt, looked up in the prefix cache, then advanced step by
+//   step: Allocate reserves the slots of the step's tokens (all groups or none), the engine runs
+//   the step using BlockTable / SlotMapping / State / Step, then Commit records how far it got.
+//   Output tokens become known with AppendTokens. Positions at or past the known tokens are
+//   speculative: they may be computed, but are never published, and the recurrent state is
+//   snapshotted after each of them so that Truncate can return to any of them exactly.
+// - Every mutating call either succeeds or returns an error naming what was wrong and changes
+//   nothing (CheckInvariants() holds after every call, and the pools are as before on error).
+// - Lookup never mutates. A hit stays valid until the next mutating call; Allocate rechecks it.
+// - Groups keep what their TokenRule needs: full attention every block; sliding window and
+//   chunked groups release blocks that can no longer be attended to (their table entries become
+//   the null block); the encoder group holds the encoder's blocks for the request's life; a state
+//   group holds one live state plus checkpoints.
+// - Free releases tail blocks before head blocks; blocks without a prefix identity go to the head
+//   of the free list (reused first), the rest to its tail (LRU across requests).
+// - Steady state (request slots recycled, tables grown to their working size) allocates nothing
+//   per token; events are the exception, and can be switched off.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include <hkv/common/result.h>
+#include <hkv/manager/manager_config.h>
+#include <hkv/manager/request.h>
+
+namespace hkv {
+
+struct ManagerEvent {
+  KvEvent::Kind kind = KvEvent::Kind::kStored;
+  int32_t pool = 0;
+  int32_t group = 0;  // unused for kCleared
+  BlockHash hash;     // unused for kCleared
+  int32_t block = 0;  // unused for kCleared
+};
+
+struct PoolUsage {
+  int32_t num_blocks = 0;  // excluding the null block
+  int32_t num_free = 0;    // free, cached or not
+  int32_t num_cached = 0;  // blocks with a prefix identity, held or free
+  double usage() const;    // held / num_blocks
+};
+
+struct ManagerStats {
+  int64_t lookups = 0;
+  int64_t lookup_tokens = 0;  // prompt tokens offered to Lookup
+  int64_t hit_tokens = 0;     // tokens Lookup found
+  int64_t encoder_lookups = 0;
+  int64_t encoder_hits = 0;
+  int64_t allocations_failed = 0;  // Allocate calls refused for lack of blocks
+  int64_t recomputed_tokens = 0;   // tokens Truncate asked engines to compute again
+};
+
+class KvCacheManager {
+ public:
+  static Result<KvCacheManager> Create(const ManagerConfig& config);
+  KvCacheManager(KvCacheManager&&) noexcept;
+  KvCacheManager& operator=(KvCacheManager&&) noexcept;
+  ~KvCacheManager();
+
+  // Registers a request and its prompt. Errors: duplicate id, empty prompt, prompt or encoder
+  // beyond the configured maxima, items outside the prompt, encoder tokens on a model without
+  // cross attention (or none on one with it).
+  Status AddRequest(const RequestSpec& spec);
+  // The longest cached prefix usable by every group (fixed point over the groups, a multiple of
+  // align_tokens, at most prompt - 1 tokens so the last token is computed), and whether the
+  // encoder's blocks are cached. Only before the request's first Allocate.
+  Result<PrefixHit> Lookup(RequestId id);
+  // Reserves slots for positions [computed, computed + num_new_tokens + lookahead) in every group
+  // and opens a step over [computed, computed + num_new_tokens). The first call takes the hit
+  // from Lookup (or {} for none) and sets computed = hit.tokens. Fails with kResourceExhausted
+  // (nothing changed) when a pool lacks blocks; with kFailedPrecondition when the hit went stale,
+  // when a step is already open, or when a hit is passed after the first call.
+  Status Allocate(RequestId id, int64_t num_new_tokens, const PrefixHit& hit = {},
+                  int64_t lookahead = 0);
+  // Closes the open step: positions [0, computed) hold valid KV and state, for some computed in
+  // [step begin, step end]. Publishes full blocks of known tokens and recurrent checkpoints,
+  // and releases blocks that left a window or chunk.
+  Status Commit(RequestId id, int64_t computed);
+  // Appends sampled (or accepted) tokens to the request's known tokens.
+  Status AppendTokens(RequestId id, std::span<const int32_t> tokens);
+  // A new request sharing everything `parent` has: blocks are shared and copied on the next
+  // write (the copy is reported by Step), and so is the recurrent state. Not while the parent
+  // has an open step.
+  Status Fork(RequestId parent, RequestId child);
+  // Keeps positions [0, n) and drops the rest, in every group. The recurrent state rolls back to
+  // the newest state at or before n that still exists (the live state, a snapshot the request
+  // holds, or a cached checkpoint), and windows get back blocks they had released (from the
+  // cache) or roll back too; the result says how many tokens must be computed again.
+  Result<TruncateResult> Truncate(RequestId id, int64_t n);
+  // Ends a request and releases everything it holds (an open step is abandoned).
+  Status Free(RequestId id);
+  // Drops every prefix identity. Only when no request holds blocks (kFailedPrecondition else).
+  Status ResetPrefixCache();
+
+  // Per-step views. They stay valid until the next mutating call.
+  Result<StepInfo> Step(RequestId id) const;
+  Result<std::span<const int32_t>> BlockTable(RequestId id, int32_t group) const;
+  // Appends the slot (block * block_tokens + offset) of every position in [begin, end) of a token
+  // group. Positions must be reserved and kept by the group (not released by a window).
+  Status SlotMapping(RequestId id, int32_t group, int64_t begin, int64_t end,
+                     std::vector<int64_t>& out) const;
+  Result<StateStep> State(RequestId id, int32_t group) const;
+
+  // Request facts.
+  bool Contains(RequestId id) const;
+  Result<int64_t> NumTokens(RequestId id) const;    // known tokens
+  Result<int64_t> NumComputed(RequestId id) const;  // positions with valid KV and state
+  int32_t num_requests() const;
+
+  const ManagerConfig& config() const;
+  PoolUsage Usage(int32_t pool) const;
+  const ManagerStats& stats() const;
+  std::vector<ManagerEvent> TakeEvents();
+  // Free blocks of one pool in eviction order (tests and tools).
+  std::vector<int32_t> FreeListOrder(int32_t pool) const;
+
+  // Reference counts equal holders, every block is free xor held, the prefix index agrees with
+  // the blocks, every published block of a request carries the identity of that request's
+  // tokens, tables match computed and reserved lengths; no requests means no held blocks.
+  Status CheckInvariants() const;
+
+ private:
+  struct Impl;
+  explicit KvCacheManager(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace hkv

@@ -1,0 +1,58 @@
+// ManagerConfig: what a KvCacheManager manages, in the manager's own terms.
+//
+// Contract: a config is a list of pools (block counts, block 0 of each being its null block) and
+// a list of groups, each with the TokenRule that decides which token positions it keeps and the
+// pool its blocks come from. Several groups may draw from one pool. FromPlan derives the config
+// from a Plan (one pool per page class); tests and benchmarks may also build one by hand, for
+// instance to give groups different block sizes. Validate() names the first field that is wrong.
+//
+// Decisions (docs/manager.md):
+// - Prefix identities are chained at the gcd of the token groups' block sizes, and a prefix hit
+//   is a multiple of their lcm (`align_tokens`), so every group's block boundaries line up with
+//   it. A model without token groups uses `state_align_tokens` instead.
+// - Recurrent checkpoints are taken at multiples of `checkpoint_interval` (0: none), at the last
+//   aligned position before a prompt's end, at the last aligned position a request reached
+//   (kept rolling), and after every speculative token of a step. Checkpoint positions are always
+//   multiples of align_tokens except the speculative ones, which are private to their request.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <hkv/common/result.h>
+#include <hkv/plan/plan.h>
+#include <hkv/spec/token_rule.h>
+
+namespace hkv {
+
+struct GroupConfig {
+  TokenRule rule;            // kAll, kWindow, kChunk, kEncoder or kState
+  int32_t block_tokens = 0;  // tokens per block; 0 for a state group (one block = one state)
+  int32_t pool = 0;          // index into ManagerConfig::pool_blocks
+
+  bool is_state() const { return rule.kind == TokenRuleKind::kState; }
+  bool is_encoder() const { return rule.kind == TokenRuleKind::kEncoder; }
+};
+
+struct ManagerConfig {
+  std::vector<int32_t> pool_blocks;  // blocks per pool, the null block included
+  std::vector<GroupConfig> groups;
+  int64_t max_model_len = 0;        // most decoder tokens (incl. lookahead) a request may reach
+  int64_t max_encoder_tokens = 0;   // most encoder tokens a request may bring (cross attention)
+  int32_t state_align_tokens = 16;  // hit granularity when no group keeps tokens
+  int64_t checkpoint_interval = 0;  // recurrent checkpoints every this many tokens; 0: none
+  bool enable_prefix_caching = true;
+  bool drop_last_hit_block = false;  // speculative decoding (EAGLE/MTP): hits end one unit early
+  bool record_events = true;
+
+  // One pool per page class (its pages, capped to 2^31 - 1), one group per plan group.
+  static Result<ManagerConfig> FromPlan(const Plan& plan);
+
+  Status Validate() const;
+
+  // Derived values; meaningful once Validate() is OK.
+  int32_t hash_tokens() const;   // gcd of token-group block sizes (or state_align_tokens)
+  int32_t align_tokens() const;  // lcm of token-group block sizes (or state_align_tokens)
+};
+
+}  // namespace hkv

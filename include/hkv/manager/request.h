@@ -1,0 +1,84 @@
+// The values an engine exchanges with the KvCacheManager about one request.
+//
+// Contract: a RequestSpec borrows its spans and strings; the manager copies what it keeps, so the
+// caller's buffers may die once AddRequest returns. Positions are decoder token indices counted
+// from 0; "after p tokens" means the state or KV of tokens [0, p).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+#include <hkv/pool/block_hash.h>
+#include <hkv/pool/block_pool.h>
+
+namespace hkv {
+
+using RequestId = uint64_t;
+
+// A multimodal input occupying prompt positions [position, position + length).
+struct PromptItem {
+  BlockHash content;  // digest of the item's data, computed by the caller
+  int64_t position = 0;
+  int64_t length = 0;
+};
+
+struct RequestSpec {
+  RequestId id = 0;
+  std::span<const int32_t> prompt;  // at least one token
+  uint64_t adapter_id = 0;          // LoRA/adapter; 0 is the base model
+  std::string_view cache_salt;      // requests with different salts never share blocks
+  std::span<const PromptItem> items;
+  // Cross-attention models: the encoder's token count and a digest of its input. Requests with
+  // the same digest (and adapter and salt) share the encoder's KV blocks.
+  int64_t encoder_tokens = 0;
+  BlockHash encoder_input;
+  Retention retention = Retention::kNormal;  // kLow: this request's blocks are evicted first
+};
+
+// What Lookup found in the prefix cache. Pass it unchanged to the request's first Allocate.
+struct PrefixHit {
+  int64_t tokens = 0;    // decoder tokens [0, tokens) need not be computed
+  bool encoder = false;  // the encoder's KV blocks are cached: the encoder need not run
+};
+
+// Copy block `src` into block `dst` of `group` before this step's forward pass (copy-on-write
+// of a block that is shared or holds a published identity).
+struct BlockCopy {
+  int32_t group = 0;
+  int32_t src = 0;
+  int32_t dst = 0;
+};
+
+// During this step, once the first `position` tokens have been processed, copy the recurrent
+// state into `slot`.
+struct StateSnapshot {
+  int64_t position = 0;
+  int32_t slot = 0;
+};
+
+// A recurrent group's slots for the current step. `read` holds the state after the step's first
+// computed position (0, the null block, means the zero initial state); the state after the
+// step's last token goes to `write`, which may equal `read`.
+struct StateStep {
+  int32_t read = 0;
+  int32_t write = 0;
+  std::span<const StateSnapshot> snapshots;  // in position order
+};
+
+// What the engine must do for a request in the current step.
+struct StepInfo {
+  int64_t begin = 0;         // first position to compute (== computed tokens before the step)
+  int64_t end = 0;           // one past the last position to compute
+  int64_t reserved_end = 0;  // KV slots exist for positions [.., reserved_end) (lookahead)
+  bool run_encoder = false;  // the encoder's KV must be computed in this step
+  std::span<const BlockCopy> copies;
+};
+
+struct TruncateResult {
+  int64_t tokens = 0;     // tokens the request now has (== the n passed in, or fewer if unknown)
+  int64_t computed = 0;   // positions whose KV and state are still valid
+  int64_t recompute = 0;  // positions in [computed, tokens) the engine must compute again
+};
+
+}  // namespace hkv

@@ -1,0 +1,365 @@
+// Allocate and Commit: opening a step (reserving every group's slots, all or nothing) and closing
+// it (publishing what became immutable, releasing what left a window, moving the live state).
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "manager_impl.h"
+
+namespace hkv {
+
+using manager_internal::CeilDiv;
+using manager_internal::GroupState;
+using manager_internal::HeldState;
+using manager_internal::IsDecoderTokens;
+using manager_internal::Must;
+using manager_internal::NeededBlocks;
+using manager_internal::ReleasesTokens;
+using manager_internal::Request;
+
+// Positions in [begin, end) after which the step must copy the recurrent state aside: checkpoints
+// (known, aligned, interval or prompt end) strictly inside the step, and every speculative
+// position, so that Commit and Truncate can land on any of them. The state after `end` is the
+// step's write slot and needs no copy.
+void KvCacheManager::Impl::PlanSnapshots(const Request& r, int64_t begin, int64_t end,
+                                         std::vector<int64_t>& out) const {
+  out.clear();
+  const int64_t known = r.known();
+  const int64_t spec_from = std::max(begin, known);
+  const int64_t interval = config.checkpoint_interval;
+  const int64_t prompt_ckpt = (r.prompt_len - 1) / align * align;
+  const int64_t last = std::min(end - 1, known);
+  // Without prefix caching nobody could hit a checkpoint: only speculative states are kept.
+  const bool caching = config.enable_prefix_caching;
+  int64_t next_interval = caching && interval > 0 ? (begin / interval + 1) * interval : INT64_MAX;
+  bool prompt_pending = caching && prompt_ckpt > begin && prompt_ckpt <= last && prompt_ckpt > 0;
+  for (;;) {
+    int64_t p = INT64_MAX;
+    if (next_interval <= last) p = next_interval;
+    if (prompt_pending) p = std::min(p, prompt_ckpt);
+    if (p == INT64_MAX || p >= spec_from) break;
+    out.push_back(p);
+    if (p == next_interval) next_interval += interval;
+    if (p == prompt_ckpt) prompt_pending = false;
+  }
+  for (int64_t p = spec_from; p < end; ++p)
+    out.push_back(p);
+}
+
+Status KvCacheManager::Impl::Allocate(Request& r, int64_t num_new, const PrefixHit& hit,
+                                      int64_t lookahead) {
+  if (r.step_open) {
+    return Status::FailedPrecondition(
+        fmt::format("allocate: request {} already has an open step [{}, {}); commit it first", r.id,
+                    r.step_begin, r.step_end));
+  }
+  if (num_new < 1) {
+    return Status::InvalidArgument(
+        fmt::format("allocate: request {}: {} new tokens; expected >= 1", r.id, num_new));
+  }
+  if (lookahead < 0) {
+    return Status::InvalidArgument(
+        fmt::format("allocate: request {}: negative lookahead {}", r.id, lookahead));
+  }
+  if (r.started && (hit.tokens != 0 || hit.encoder)) {
+    return Status::FailedPrecondition(fmt::format(
+        "allocate: request {}: a prefix hit can only be passed to the first Allocate", r.id));
+  }
+  if (!r.started) {
+    if (hit.tokens < 0 || hit.tokens > r.known() - 1 || hit.tokens % align != 0 ||
+        (hit.tokens > 0 && !config.enable_prefix_caching)) {
+      return Status::InvalidArgument(fmt::format(
+          "allocate: request {}: hit of {} tokens is not one Lookup could return (prompt {}, "
+          "alignment {})",
+          r.id, hit.tokens, r.known(), align));
+    }
+    if (hit.encoder && (!has_encoder || !config.enable_prefix_caching)) {
+      return Status::InvalidArgument(fmt::format(
+          "allocate: request {}: encoder hit on a model without cached encoder blocks", r.id));
+    }
+  }
+  const int64_t begin = r.started ? r.computed : hit.tokens;
+  const int64_t end = begin + num_new;
+  if (end > config.max_model_len || end + lookahead > config.max_model_len) {
+    return Status::InvalidArgument(fmt::format(
+        "allocate: request {}: positions up to {} (with lookahead {}) exceed max_model_len {}",
+        r.id, end + lookahead, lookahead, config.max_model_len));
+  }
+  const int64_t reserve = std::max(r.reserved, end + lookahead);
+
+  // Plan: count what every pool must supply, and check that the hit still stands. Nothing
+  // changes until every pool is known to suffice.
+  std::fill(need.begin(), need.end(), 0);
+  hit_blocks.clear();
+  PlanSnapshots(r, begin, end, positions);
+  const auto stale = [&](const char* what) {
+    return Status::FailedPrecondition(fmt::format(
+        "allocate: request {}: the prefix hit went stale ({} evicted since Lookup); look up "
+        "again",
+        r.id, what));
+  };
+  for (size_t gi = 0; gi < config.groups.size(); ++gi) {
+    const auto g = static_cast<int32_t>(gi);
+    const GroupConfig& gc = config.groups[gi];
+    const BlockPool& bp = pools[static_cast<size_t>(gc.pool)];
+    const GroupState& gs = r.groups[gi];
+    int64_t& n = need[static_cast<size_t>(gc.pool)];
+    if (IsDecoderTokens(gc)) {
+      const int64_t bs = gc.block_tokens;
+      int64_t have = static_cast<int64_t>(gs.table.size());
+      if (!r.started && begin > 0) {
+        const NeededBlocks nb = Needed(g, begin);
+        for (int64_t j = 0; j < nb.hi; ++j) {
+          if (j >= nb.sinks && j < nb.lo) continue;
+          const int32_t b = bp.Find(TokenKey(r, g, j));
+          if (b < 0) return stale("a KV block");
+          if (bp.ref_count(b) == 0) ++n;
+          hit_blocks.push_back(b);
+        }
+        have = nb.hi;
+      }
+      n += std::max<int64_t>(0, CeilDiv(reserve, bs) - have);
+      if (r.started && begin % bs != 0) {
+        const int32_t b = gs.table[static_cast<size_t>(begin / bs)];
+        if (bp.ref_count(b) > 1 || bp.has_identity(b)) ++n;  // copy-on-write
+      }
+    } else if (gc.is_encoder()) {
+      if (r.started) continue;
+      const int64_t blocks = CeilDiv(r.encoder_tokens, gc.block_tokens);
+      if (hit.encoder) {
+        for (int64_t i = 0; i < blocks; ++i) {
+          const int32_t b = bp.Find({r.encoder_hashes[static_cast<size_t>(i)], g});
+          if (b < 0) return stale("an encoder block");
+          if (bp.ref_count(b) == 0) ++n;
+          hit_blocks.push_back(b);
+        }
+      } else {
+        n += blocks;
+      }
+    } else if (gc.is_state()) {
+      if (!r.started && begin > 0) {
+        const int32_t b = bp.Find(StateKey(r, g, begin));
+        if (b < 0) return stale("a recurrent checkpoint");
+        if (bp.ref_count(b) == 0) ++n;
+        hit_blocks.push_back(b);
+      }
+      const bool in_place = r.started && gs.live != BlockPool::kNullBlock &&
+                            bp.ref_count(gs.live) == 1 && !bp.has_identity(gs.live);
+      n += (in_place ? 0 : 1) + static_cast<int64_t>(positions.size());
+    }
+  }
+  for (size_t p = 0; p < pools.size(); ++p) {
+    if (need[p] > pools[p].num_free()) {
+      ++stats.allocations_failed;
+      return Status::ResourceExhausted(fmt::format(
+          "allocate: request {}: pool {} needs {} free blocks for positions [{}, {}), has {}", r.id,
+          p, need[p], begin, end + lookahead, pools[p].num_free()));
+    }
+  }
+
+  // Apply. Hit blocks are acquired before any fresh allocation so that eviction cannot take
+  // them; copy sources and stale snapshots are released last for the same reason.
+  if (!r.started) {
+    size_t k = 0;
+    for (size_t gi = 0; gi < config.groups.size(); ++gi) {
+      const auto g = static_cast<int32_t>(gi);
+      const GroupConfig& gc = config.groups[gi];
+      GroupState& gs = r.groups[gi];
+      if (IsDecoderTokens(gc) && begin > 0) {
+        const NeededBlocks nb = Needed(g, begin);
+        gs.table.assign(static_cast<size_t>(nb.hi), BlockPool::kNullBlock);
+        for (int64_t j = 0; j < nb.hi; ++j) {
+          if (j >= nb.sinks && j < nb.lo) continue;
+          const int32_t b = hit_blocks[k++];
+          AcquireHeld(gc.pool, b);
+          gs.table[static_cast<size_t>(j)] = b;
+        }
+        gs.num_published = static_cast<int32_t>(nb.hi);
+        gs.release_from = static_cast<int32_t>(nb.lo);
+      } else if (gc.is_encoder() && hit.encoder) {
+        const int64_t blocks = CeilDiv(r.encoder_tokens, gc.block_tokens);
+        for (int64_t i = 0; i < blocks; ++i) {
+          const int32_t b = hit_blocks[k++];
+          AcquireHeld(gc.pool, b);
+          gs.table.push_back(b);
+        }
+      } else if (gc.is_state() && begin > 0) {
+        const int32_t b = hit_blocks[k++];
+        AcquireHeld(gc.pool, b);
+        gs.live = b;
+      }
+    }
+    r.encoder_ready = hit.encoder;
+    r.computed = begin;
+  }
+
+  r.copies.clear();
+  for (size_t gi = 0; gi < config.groups.size(); ++gi) {
+    const auto g = static_cast<int32_t>(gi);
+    const GroupConfig& gc = config.groups[gi];
+    BlockPool& bp = pools[static_cast<size_t>(gc.pool)];
+    GroupState& gs = r.groups[gi];
+    if (IsDecoderTokens(gc)) {
+      const int64_t bs = gc.block_tokens;
+      if (r.started && begin % bs != 0) {
+        int32_t& b = gs.table[static_cast<size_t>(begin / bs)];
+        if (bp.ref_count(b) > 1 || bp.has_identity(b)) {
+          fresh.clear();
+          Must(bp.Allocate(1, fresh));
+          r.copies.push_back({g, b, fresh[0]});
+          b = fresh[0];
+        }
+      }
+      const int64_t want = CeilDiv(reserve, bs) - static_cast<int64_t>(gs.table.size());
+      if (want > 0) {
+        fresh.clear();
+        Must(bp.Allocate(static_cast<int32_t>(want), fresh));
+        gs.table.insert(gs.table.end(), fresh.begin(), fresh.end());
+      }
+    } else if (gc.is_encoder()) {
+      if (r.started || hit.encoder) continue;
+      fresh.clear();
+      Must(bp.Allocate(static_cast<int32_t>(CeilDiv(r.encoder_tokens, gc.block_tokens)), fresh));
+      gs.table.assign(fresh.begin(), fresh.end());
+    } else if (gc.is_state()) {
+      gs.read = gs.live;
+      const bool in_place = r.started && gs.live != BlockPool::kNullBlock &&
+                            bp.ref_count(gs.live) == 1 && !bp.has_identity(gs.live);
+      fresh.clear();
+      Must(bp.Allocate(static_cast<int32_t>(positions.size()) + (in_place ? 0 : 1), fresh));
+      size_t k = 0;
+      gs.write = in_place ? gs.live : fresh[k++];
+      gs.snaps.clear();
+      for (int64_t p : positions)
+        gs.snaps.push_back({p, fresh[k++]});
+    }
+  }
+  // Releases come last: copy sources, and speculative states kept from the previous step (the
+  // request has moved on, so Truncate no longer needs them).
+  for (const BlockCopy& c : r.copies) {
+    ReleaseOne(config.groups[static_cast<size_t>(c.group)].pool, c.src, r.retention);
+  }
+  for (size_t gi = 0; gi < config.groups.size(); ++gi) {
+    GroupState& gs = r.groups[gi];
+    for (const HeldState& h : gs.held)
+      ReleaseOne(config.groups[gi].pool, h.block, r.retention);
+    gs.held.clear();
+  }
+  r.started = true;
+  r.step_open = true;
+  r.step_begin = begin;
+  r.step_end = end;
+  r.reserved = reserve;
+  return Status::Ok();
+}
+
+Status KvCacheManager::Impl::Commit(Request& r, int64_t c) {
+  if (!r.step_open) {
+    return Status::FailedPrecondition(
+        fmt::format("commit: request {} has no open step (call Allocate first)", r.id));
+  }
+  if (c < r.step_begin || c > r.step_end) {
+    return Status::InvalidArgument(
+        fmt::format("commit: request {}: computed {} outside the step's [{}, {}]", r.id, c,
+                    r.step_begin, r.step_end));
+  }
+  for (size_t gi = 0; gi < config.groups.size(); ++gi) {
+    if (!config.groups[gi].is_state() || c == r.step_begin || c == r.step_end) continue;
+    const auto& snaps = r.groups[gi].snaps;
+    const bool has = std::any_of(snaps.begin(), snaps.end(),
+                                 [&](const StateSnapshot& s) { return s.position == c; });
+    if (!has) {
+      return Status::InvalidArgument(fmt::format(
+          "commit: request {}: no recurrent state after {} tokens; a step can stop early only "
+          "at speculative positions (>= {} known tokens)",
+          r.id, c, r.known()));
+    }
+  }
+
+  const int64_t known = r.known();
+  const int64_t publish_limit = std::min(c, known);
+  r.computed = c;
+  r.step_open = false;
+  r.copies.clear();
+  for (size_t gi = 0; gi < config.groups.size(); ++gi) {
+    const auto g = static_cast<int32_t>(gi);
+    const GroupConfig& gc = config.groups[gi];
+    const int32_t pool = gc.pool;
+    GroupState& gs = r.groups[gi];
+    if (gc.is_encoder()) {
+      if (!r.encoder_ready) {
+        for (size_t i = 0; i < gs.table.size(); ++i) {
+          PublishBlock(pool, gs.table[i], {r.encoder_hashes[i], g});
+        }
+      }
+    } else if (IsDecoderTokens(gc)) {
+      const int64_t bs = gc.block_tokens;
+      const int64_t full = publish_limit / bs;
+      for (int64_t j = gs.num_published; j < full; ++j) {
+        const int32_t b = gs.table[static_cast<size_t>(j)];
+        if (b != BlockPool::kNullBlock) PublishBlock(pool, b, TokenKey(r, g, j));
+      }
+      gs.num_published = std::max<int32_t>(gs.num_published, static_cast<int32_t>(full));
+      if (ReleasesTokens(gc)) {
+        // Keep what continuing from min(computed, known) needs, so a Truncate back to the known
+        // tokens finds its window intact; everything earlier (but the sinks) goes.
+        const NeededBlocks nb = Needed(g, publish_limit);
+        to_release.clear();
+        for (int64_t j = std::max<int64_t>(gs.release_from, nb.sinks); j < nb.lo; ++j) {
+          int32_t& b = gs.table[static_cast<size_t>(j)];
+          if (b == BlockPool::kNullBlock) continue;
+          to_release.push_back(b);
+          b = BlockPool::kNullBlock;
+        }
+        gs.release_from = std::max<int32_t>(gs.release_from, static_cast<int32_t>(nb.lo));
+        std::reverse(to_release.begin(), to_release.end());
+        Release(pool, to_release, r.retention);
+      }
+    } else if (gc.is_state()) {
+      const int32_t old_live = gs.live;
+      int32_t live = old_live;
+      if (c == r.step_end) {
+        live = gs.write;
+      } else if (c != r.step_begin) {
+        for (const StateSnapshot& s : gs.snaps) {
+          if (s.position == c) live = s.slot;
+        }
+      }
+      to_release.clear();
+      for (const StateSnapshot& s : gs.snaps) {
+        if (s.slot == live) continue;
+        if (s.position <= publish_limit && IsCheckpoint(r, s.position)) {
+          PublishBlock(pool, s.slot, StateKey(r, g, s.position));
+          to_release.push_back(s.slot);
+        } else if (s.position < c) {
+          gs.held.push_back({s.position, s.slot});
+        } else {
+          to_release.push_back(s.slot);
+        }
+      }
+      if (gs.write != old_live && gs.write != live) to_release.push_back(gs.write);
+      if (old_live != live && old_live != BlockPool::kNullBlock) to_release.push_back(old_live);
+      gs.live = live;
+      gs.snaps.clear();
+      gs.read = gs.write = BlockPool::kNullBlock;
+      // An aligned, known position: a checkpoint is published; any other is kept as the
+      // rolling state (a second reference, so the next step writes elsewhere), to be published
+      // when the request ends.
+      if (config.enable_prefix_caching && c > 0 && c % align == 0 && c <= known &&
+          live != BlockPool::kNullBlock && !pools[static_cast<size_t>(pool)].has_identity(live)) {
+        if (IsCheckpoint(r, c)) {
+          PublishBlock(pool, live, StateKey(r, g, c));
+        } else if (gs.rolling.block != live) {
+          if (gs.rolling.block != BlockPool::kNullBlock) to_release.push_back(gs.rolling.block);
+          gs.rolling = {c, live};
+          AcquireHeld(pool, live);
+        }
+      }
+      Release(pool, to_release, r.retention);
+    }
+  }
+  r.encoder_ready = r.encoder_ready || has_encoder;
+  return Status::Ok();
+}
+
+}  // namespace hkv

@@ -1,0 +1,159 @@
+// Finding the longest usable prefix: for a new request (Lookup, from the prefix index) and for a
+// request being cut back (Truncate, from what it holds plus the index).
+//
+// Both are fixed points over the groups. Each group answers "the largest x' <= x at which I
+// could continue computing", and x shrinks to the smallest answer until every group agrees.
+// Any position valid for all groups and <= x stays <= every later x, so the result is the
+// largest common valid position, whatever the number and mix of groups.
+#include <algorithm>
+
+#include "manager_impl.h"
+
+namespace hkv {
+
+using manager_internal::NeededBlocks;
+using manager_internal::Request;
+
+namespace {
+
+int64_t FloorTo(int64_t x, int64_t unit) {
+  return x / unit * unit;
+}
+
+// Largest x' <= x, a multiple of `unit`, whose needed blocks all satisfy `available`. A miss at
+// block j rules out every x' whose needed range contains j, so the search jumps below it; blocks
+// are visited once in the window part, from the top down.
+template <typename NeededAt, typename Available>
+int64_t ScanDown(int64_t bs, int64_t x, int64_t unit, const NeededAt& needed_at,
+                 const Available& available) {
+  x = FloorTo(x, unit);
+  while (x > 0) {
+    const NeededBlocks n = needed_at(x);
+    int64_t miss = -1;
+    for (int64_t j = n.hi - 1; j >= n.lo; --j) {
+      if (!available(j)) {
+        miss = j;
+        break;
+      }
+    }
+    for (int64_t j = 0; miss < 0 && j < n.sinks; ++j) {
+      if (!available(j)) miss = j;
+    }
+    if (miss < 0) return x;
+    x = FloorTo(miss * bs, unit);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int64_t KvCacheManager::Impl::LookupFixedPoint(const Request& r, int64_t cap) {
+  if (cap <= 0) return 0;
+  std::fill(full_prefix.begin(), full_prefix.end(), -1);
+  int64_t x = cap / align * align;
+  for (;;) {
+    const int64_t before = x;
+    for (size_t gi = 0; gi < config.groups.size() && x > 0; ++gi) {
+      const auto g = static_cast<int32_t>(gi);
+      const GroupConfig& gc = config.groups[gi];
+      const BlockPool& bp = pools[static_cast<size_t>(gc.pool)];
+      switch (gc.rule.kind) {
+        case TokenRuleKind::kAll: {
+          // Full attention needs the whole prefix: count cached blocks from the front once.
+          int64_t& m = full_prefix[gi];
+          if (m < 0) {
+            const int64_t limit = cap / gc.block_tokens;
+            m = 0;
+            while (m < limit && bp.Find(TokenKey(r, g, m)) >= 0)
+              ++m;
+          }
+          x = std::min(x, FloorTo(m * gc.block_tokens, align));
+          break;
+        }
+        case TokenRuleKind::kWindow:
+        case TokenRuleKind::kChunk:
+          x = ScanDown(
+              gc.block_tokens, x, align, [&](int64_t at) { return Needed(g, at); },
+              [&](int64_t j) { return bp.Find(TokenKey(r, g, j)) >= 0; });
+          break;
+        case TokenRuleKind::kState:
+          while (x > 0 && bp.Find(StateKey(r, g, x)) < 0)
+            x -= align;
+          break;
+        case TokenRuleKind::kEncoder:
+        case TokenRuleKind::kNothing:
+          break;
+      }
+    }
+    if (x == before || x == 0) return x;
+  }
+}
+
+bool KvCacheManager::Impl::EncoderCached(const Request& r) const {
+  for (size_t gi = 0; gi < config.groups.size(); ++gi) {
+    const GroupConfig& gc = config.groups[gi];
+    if (!gc.is_encoder()) continue;
+    const BlockPool& bp = pools[static_cast<size_t>(gc.pool)];
+    const int64_t blocks = (r.encoder_tokens + gc.block_tokens - 1) / gc.block_tokens;
+    for (int64_t i = 0; i < blocks; ++i) {
+      if (bp.Find({r.encoder_hashes[static_cast<size_t>(i)], static_cast<int32_t>(gi)}) < 0) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+int64_t KvCacheManager::Impl::TruncateFixedPoint(const Request& r, int64_t x,
+                                                 int64_t new_known) const {
+  for (;;) {
+    const int64_t before = x;
+    for (size_t gi = 0; gi < config.groups.size() && x > 0; ++gi) {
+      const auto g = static_cast<int32_t>(gi);
+      const GroupConfig& gc = config.groups[gi];
+      const BlockPool& bp = pools[static_cast<size_t>(gc.pool)];
+      const auto& gs = r.groups[gi];
+      switch (gc.rule.kind) {
+        case TokenRuleKind::kWindow:
+        case TokenRuleKind::kChunk: {
+          // A block the request still holds is valid up to `computed`; one it released can be
+          // taken back from the cache if its identity survived.
+          const int64_t bs = gc.block_tokens;
+          x = ScanDown(
+              bs, x, 1, [&](int64_t at) { return Needed(g, at); },
+              [&](int64_t j) {
+                if (j < static_cast<int64_t>(gs.table.size()) &&
+                    gs.table[static_cast<size_t>(j)] != BlockPool::kNullBlock) {
+                  return true;
+                }
+                return (j + 1) * bs <= new_known && bp.Find(TokenKey(r, g, j)) >= 0;
+              });
+          break;
+        }
+        case TokenRuleKind::kState: {
+          int64_t best = 0;
+          if (r.computed <= x) best = r.computed;
+          if (gs.rolling.block != BlockPool::kNullBlock && gs.rolling.position <= x) {
+            best = std::max(best, gs.rolling.position);
+          }
+          for (const auto& h : gs.held) {
+            if (h.position <= x) best = std::max(best, h.position);
+          }
+          for (int64_t p = FloorTo(std::min(x, new_known), align); p > best; p -= align) {
+            if (bp.Find(StateKey(r, g, p)) >= 0) {
+              best = p;
+              break;
+            }
+          }
+          x = best;
+          break;
+        }
+        default:
+          break;  // full attention holds every block up to `computed`; encoders are apart
+      }
+    }
+    if (x == before || x == 0) return x;
+  }
+}
+
+}  // namespace hkv

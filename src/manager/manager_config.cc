@@ -1,0 +1,152 @@
+#include <algorithm>
+#include <climits>
+#include <numeric>
+
+#include <fmt/format.h>
+
+#include <hkv/manager/manager_config.h>
+
+namespace hkv {
+namespace {
+
+bool IsDecoderTokenGroup(const GroupConfig& g) {
+  return g.rule.kind == TokenRuleKind::kAll || g.rule.kind == TokenRuleKind::kWindow ||
+         g.rule.kind == TokenRuleKind::kChunk;
+}
+
+// Alignment beyond this is a misconfiguration (block sizes with a huge lcm), not a use case.
+constexpr int64_t kMaxAlignTokens = int64_t{1} << 20;
+
+int64_t AlignOf(const ManagerConfig& c) {
+  int64_t lcm = 0;
+  for (const GroupConfig& g : c.groups) {
+    if (!IsDecoderTokenGroup(g) || g.block_tokens <= 0) continue;
+    lcm = lcm == 0 ? g.block_tokens : std::lcm(lcm, int64_t{g.block_tokens});
+    if (lcm > kMaxAlignTokens) return lcm;
+  }
+  return lcm == 0 ? c.state_align_tokens : lcm;
+}
+
+}  // namespace
+
+Result<ManagerConfig> ManagerConfig::FromPlan(const Plan& plan) {
+  ManagerConfig c;
+  for (const PageClass& pc : plan.page_classes) {
+    c.pool_blocks.push_back(static_cast<int32_t>(std::min<int64_t>(pc.num_pages, INT32_MAX)));
+  }
+  for (const KvGroup& g : plan.groups) {
+    c.groups.push_back(GroupConfig{g.rule, g.block_tokens, g.page_class});
+  }
+  c.max_model_len = plan.options.max_model_len;
+  for (const KvGroup& g : plan.groups) {
+    if (g.rule.kind == TokenRuleKind::kEncoder) {
+      c.max_encoder_tokens = std::max<int64_t>(plan.options.encoder_tokens, 1);
+    }
+  }
+  if (!plan.groups.empty()) {
+    // With no token group (a pure recurrent model) checkpoints fall on the plan's block size.
+    for (const KvGroup& g : plan.groups) {
+      if (g.block_tokens > 0) c.state_align_tokens = g.block_tokens;
+    }
+  }
+  HKV_RETURN_IF_ERROR(c.Validate());
+  return c;
+}
+
+Status ManagerConfig::Validate() const {
+  if (pool_blocks.empty()) return Status::InvalidArgument("manager config: no pools");
+  for (size_t p = 0; p < pool_blocks.size(); ++p) {
+    if (pool_blocks[p] < 2) {
+      return Status::InvalidArgument(fmt::format(
+          "manager config: pool {} has {} blocks; it needs at least 2 (block 0 is the null block)",
+          p, pool_blocks[p]));
+    }
+  }
+  if (groups.empty()) return Status::InvalidArgument("manager config: no groups");
+  bool has_encoder = false;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const GroupConfig& g = groups[i];
+    if (g.pool < 0 || static_cast<size_t>(g.pool) >= pool_blocks.size()) {
+      return Status::InvalidArgument(
+          fmt::format("manager config: group {} uses pool {}, but there are {} pools", i, g.pool,
+                      pool_blocks.size()));
+    }
+    switch (g.rule.kind) {
+      case TokenRuleKind::kNothing:
+        return Status::InvalidArgument(fmt::format(
+            "manager config: group {} keeps nothing; layers that own no cache need no group", i));
+      case TokenRuleKind::kState:
+        if (g.block_tokens != 0) {
+          return Status::InvalidArgument(fmt::format(
+              "manager config: state group {} has block_tokens {}; a state block holds one "
+              "state, so it must be 0",
+              i, g.block_tokens));
+        }
+        break;
+      case TokenRuleKind::kWindow:
+      case TokenRuleKind::kChunk:
+        if (g.rule.span < 1) {
+          return Status::InvalidArgument(
+              fmt::format("manager config: group {} has span {}; expected >= 1", i, g.rule.span));
+        }
+        if (g.rule.sinks < 0) {
+          return Status::InvalidArgument(
+              fmt::format("manager config: group {} has {} sinks", i, g.rule.sinks));
+        }
+        [[fallthrough]];
+      case TokenRuleKind::kAll:
+      case TokenRuleKind::kEncoder:
+        if (g.block_tokens < 1) {
+          return Status::InvalidArgument(fmt::format(
+              "manager config: group {} has block_tokens {}; expected >= 1", i, g.block_tokens));
+        }
+        has_encoder = has_encoder || g.is_encoder();
+        break;
+    }
+  }
+  if (max_model_len < 1) {
+    return Status::InvalidArgument(
+        fmt::format("manager config: max_model_len {}; expected >= 1", max_model_len));
+  }
+  if (has_encoder && max_encoder_tokens < 1) {
+    return Status::InvalidArgument(
+        fmt::format("manager config: a cross-attention group needs max_encoder_tokens >= 1, got {}",
+                    max_encoder_tokens));
+  }
+  if (max_encoder_tokens < 0) {
+    return Status::InvalidArgument(
+        fmt::format("manager config: max_encoder_tokens {} is negative", max_encoder_tokens));
+  }
+  if (state_align_tokens < 1) {
+    return Status::InvalidArgument(
+        fmt::format("manager config: state_align_tokens {}; expected >= 1", state_align_tokens));
+  }
+  const int64_t align = AlignOf(*this);
+  if (align > kMaxAlignTokens) {
+    return Status::InvalidArgument(fmt::format(
+        "manager config: the lcm of the groups' block sizes exceeds {} tokens; choose block "
+        "sizes that divide one another",
+        kMaxAlignTokens));
+  }
+  if (checkpoint_interval < 0 || checkpoint_interval % align != 0) {
+    return Status::InvalidArgument(fmt::format(
+        "manager config: checkpoint_interval {} must be 0 or a positive multiple of the hit "
+        "alignment ({} tokens)",
+        checkpoint_interval, align));
+  }
+  return Status::Ok();
+}
+
+int32_t ManagerConfig::hash_tokens() const {
+  int32_t gcd = 0;
+  for (const GroupConfig& g : groups) {
+    if (IsDecoderTokenGroup(g) && g.block_tokens > 0) gcd = std::gcd(gcd, g.block_tokens);
+  }
+  return gcd == 0 ? state_align_tokens : gcd;
+}
+
+int32_t ManagerConfig::align_tokens() const {
+  return static_cast<int32_t>(AlignOf(*this));
+}
+
+}  // namespace hkv

@@ -1,0 +1,156 @@
+// The KvCacheManager's state and the internal operations its public calls are built from.
+//
+// Private to src/manager. Reference-count ownership, which CheckInvariants verifies, is:
+// - every non-null entry of a request's token or encoder table holds one reference;
+// - a state group's `live` (if not the null block), `rolling.block`, every `held` snapshot, and
+//   during an open step `write` (when it differs from `live`) and every step snapshot hold one
+//   reference each. `rolling` may name the live block: it then holds a second reference, which
+//   is what makes the next step write its state elsewhere and keeps the rolling state intact.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <hkv/manager/kv_cache_manager.h>
+#include <hkv/pool/block_pool.h>
+
+#include "request_table.h"
+
+namespace hkv {
+namespace manager_internal {
+
+struct HeldState {
+  int64_t position = 0;
+  int32_t block = 0;  // 0: none
+};
+
+struct GroupState {
+  // Token and encoder groups.
+  std::vector<int32_t> table;  // null for positions the group no longer (or never) keeps
+  int32_t num_published = 0;   // leading blocks already offered to the prefix index
+  int32_t release_from = 0;    // window/chunk: blocks in [sink blocks, release_from) are null
+  // State groups.
+  int32_t live = 0;             // the state after `computed` tokens; null when computed == 0
+  HeldState rolling;            // newest aligned state reached, published when the request ends
+  std::vector<HeldState> held;  // speculative states kept for Truncate, by position
+  int32_t read = 0, write = 0;  // open step
+  std::vector<StateSnapshot> snaps;  // open step, by position
+
+  void Clear();
+};
+
+struct Request {
+  RequestId id = 0;
+  std::vector<int32_t> tokens;    // known tokens
+  std::vector<BlockHash> hashes;  // hashes[i]: chain digest of tokens [0, (i+1) * hash_tokens)
+  uint64_t adapter = 0;
+  std::string salt;
+  std::vector<PromptItem> items;  // by position
+  int64_t encoder_tokens = 0;
+  BlockHash encoder_input;
+  std::vector<BlockHash> encoder_hashes;  // per encoder block
+  Retention retention = Retention::kNormal;
+  int64_t prompt_len = 0;
+  int64_t computed = 0;
+  int64_t reserved = 0;  // token tables cover [0, reserved)
+  bool started = false;  // the first Allocate happened
+  bool step_open = false;
+  bool encoder_ready = false;  // the encoder's blocks hold its KV
+  int64_t step_begin = 0, step_end = 0;
+  std::vector<BlockCopy> copies;
+  std::vector<GroupState> groups;
+
+  int64_t known() const { return static_cast<int64_t>(tokens.size()); }
+};
+
+inline int64_t CeilDiv(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+inline bool ReleasesTokens(const GroupConfig& gc) {
+  return gc.rule.kind == TokenRuleKind::kWindow || gc.rule.kind == TokenRuleKind::kChunk;
+}
+
+// Groups whose tables follow decoder positions (the encoder group's follow encoder positions).
+inline bool IsDecoderTokens(const GroupConfig& gc) {
+  return gc.rule.kind == TokenRuleKind::kAll || ReleasesTokens(gc);
+}
+
+// Internal consistency failures are bugs, not caller errors: stop loudly rather than continue
+// with corrupted reference counts.
+void Must(const Status& s);
+
+// Blocks [lo, hi) plus sink blocks [0, sinks) of a token group that hold the positions a group
+// needs in order to continue computing at position x.
+struct NeededBlocks {
+  int64_t lo = 0, hi = 0, sinks = 0;
+};
+
+}  // namespace manager_internal
+
+struct KvCacheManager::Impl {
+  using Request = manager_internal::Request;
+  using GroupState = manager_internal::GroupState;
+
+  explicit Impl(const ManagerConfig& c);
+
+  // Lookups by id; null when unknown.
+  Request* Find(RequestId id);
+  const Request* Find(RequestId id) const;
+  Status Unknown(const char* call, RequestId id) const;
+
+  // Identity.
+  void ExtendHashes(Request& r);
+  void ComputeEncoderHashes(Request& r);
+  const BlockHash& HashAt(const Request& r, int64_t position) const;
+  PrefixKey TokenKey(const Request& r, int32_t group, int64_t block) const;
+  PrefixKey StateKey(const Request& r, int32_t group, int64_t position) const;
+  bool IsCheckpoint(const Request& r, int64_t position) const;
+  manager_internal::NeededBlocks Needed(int32_t group, int64_t x) const;
+
+  // Hit search (hit_search.cc).
+  int64_t LookupFixedPoint(const Request& r, int64_t cap);
+  int64_t TruncateFixedPoint(const Request& r, int64_t x, int64_t new_known) const;
+  bool EncoderCached(const Request& r) const;
+
+  // Block movement. Release sorts blocks by whether they carry an identity: those without go to
+  // the free-list head, the rest follow the request's retention.
+  void Release(int32_t pool, std::span<const int32_t> blocks, Retention retention);
+  void ReleaseOne(int32_t pool, int32_t block, Retention retention);
+  void AcquireHeld(int32_t pool, int32_t block);
+  void PublishBlock(int32_t pool, int32_t block, const PrefixKey& key);
+  void PlanSnapshots(const Request& r, int64_t begin, int64_t end, std::vector<int64_t>& out) const;
+
+  // Operations split across files.
+  Status Allocate(Request& r, int64_t num_new, const PrefixHit& hit, int64_t lookahead);
+  Status Commit(Request& r, int64_t computed);
+  Result<TruncateResult> Truncate(Request& r, int64_t n);
+  Status Fork(const Request& parent, RequestId child);
+  void FreeRequest(Request& r);
+  Status CheckInvariants() const;
+
+  int32_t NewSlot();
+
+  ManagerConfig config;
+  int32_t hash_tokens = 1;
+  int32_t align = 1;
+  bool has_encoder = false;
+  std::vector<BlockPool> pools;
+  std::vector<Request> requests;  // slots, recycled
+  std::vector<int32_t> free_slots;
+  manager_internal::RequestTable index;
+  ManagerStats stats;
+
+  // Scratch buffers reused by every call, so steady state allocates nothing.
+  std::vector<MultimodalItem> scratch_items;
+  std::vector<int64_t> need;        // per pool
+  std::vector<int32_t> hit_blocks;  // first Allocate: blocks to acquire, per group in order
+  std::vector<int32_t> fresh;       // blocks from BlockPool::Allocate
+  std::vector<int32_t> to_release;  // per pool batch
+  std::vector<int32_t> release_low, release_normal;
+  std::vector<int64_t> positions;
+  std::vector<int64_t> full_prefix;  // Lookup: consecutive cached blocks per group, -1 unknown
+};
+
+}  // namespace hkv

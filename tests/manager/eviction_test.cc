@@ -1,0 +1,166 @@
+// Eviction order, lazy eviction, retention, lookahead and all-or-nothing allocation.
+#include <algorithm>
+
+#include <gtest/gtest.h>
+
+#include "manager_test_util.h"
+
+namespace hkv::testing {
+namespace {
+
+std::vector<int32_t> Reversed(std::vector<int32_t> v) {
+  std::reverse(v.begin(), v.end());
+  return v;
+}
+
+TEST(Eviction, LruAcrossRequestsAndTailFirstWithinOne) {
+  Driver d(MakeConfig({32}, {Full(4)}));
+  d.Add(1, Seq(12, 100));
+  d.Prefill(1);
+  d.Add(2, Seq(12, 500));
+  d.Prefill(2);
+  const auto a = d.Table(1, 0), b = d.Table(2, 0);
+  d.Free(1);
+  d.Free(2);
+  const auto order = d.m().FreeListOrder(0);
+  ASSERT_EQ(order.size(), 31u);
+  // Request 1 went first, so its blocks are evicted first; within each request the tail goes
+  // first, so a long shared prefix survives longest.
+  std::vector<int32_t> tail(order.end() - 6, order.end());
+  EXPECT_EQ(tail, Concat(Reversed(a), Reversed(b)));
+}
+
+TEST(Eviction, BlocksWithoutIdentityAreReusedFirst) {
+  Driver d(MakeConfig({32}, {Full(4)}));
+  d.Add(1, Seq(10));
+  d.Prefill(1);
+  const auto a = d.Table(1, 0);
+  d.Free(1);
+  const auto order = d.m().FreeListOrder(0);
+  EXPECT_EQ(order.front(), a[2]);  // the partial block holds nothing anyone can hit
+  EXPECT_EQ(order[order.size() - 2], a[1]);
+  EXPECT_EQ(order.back(), a[0]);
+}
+
+TEST(Eviction, LowRetentionRequestsAreEvictedBeforeOthers) {
+  Driver d(MakeConfig({32}, {Full(4)}));
+  d.Add(1, Seq(8, 100));
+  d.Prefill(1);
+  RequestSpec low;
+  low.retention = Retention::kLow;
+  d.Add(2, Seq(8, 500), low);
+  d.Prefill(2);
+  const auto b = d.Table(2, 0);
+  d.Free(1);
+  d.Free(2);
+  const auto order = d.m().FreeListOrder(0);
+  EXPECT_EQ(std::vector<int32_t>(order.begin(), order.begin() + 2), Reversed(b));
+  d.Add(3, Seq(8, 500));
+  EXPECT_EQ(d.Lookup(3).tokens, 4);  // still cached until reused
+}
+
+TEST(Eviction, AReusedBlockLosesItsIdentity) {
+  Driver d(MakeConfig({6}, {Full(4)}));
+  d.Add(1, Seq(16, 100));
+  d.Prefill(1);
+  const auto a = d.Table(1, 0);
+  d.Free(1);
+  d.m().TakeEvents();
+  d.Add(2, Seq(8, 500));
+  d.Prefill(2);  // takes the one never-used block, then request 1's tail block
+  const auto events = d.m().TakeEvents();
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events[0].kind, KvEvent::Kind::kRemoved);
+  EXPECT_EQ(events[0].block, a[3]);
+  d.Add(3, Seq(17, 100));
+  EXPECT_EQ(d.Lookup(3).tokens, 12);
+  // The block now holds request 2's tokens under request 2's identity only.
+  d.Add(4, Seq(9, 500));
+  EXPECT_EQ(d.Lookup(4).tokens, 8);
+}
+
+TEST(Eviction, EventsNameTheirGroup) {
+  Driver d(MakeConfig({64}, {Full(4), Window(4, 4)}));
+  d.Add(1, Seq(9));
+  d.Prefill(1);
+  const auto events = d.m().TakeEvents();
+  int stored[2] = {0, 0};
+  for (const ManagerEvent& e : events) {
+    ASSERT_EQ(e.kind, KvEvent::Kind::kStored);
+    ++stored[e.group];
+  }
+  EXPECT_EQ(stored[0], 2);
+  EXPECT_EQ(stored[1], 2);
+  d.Free(1);
+  ASSERT_TRUE(d.m().ResetPrefixCache().ok());
+  const auto cleared = d.m().TakeEvents();
+  ASSERT_EQ(cleared.size(), 1u);
+  EXPECT_EQ(cleared[0].kind, KvEvent::Kind::kCleared);
+  EXPECT_EQ(d.m().Usage(0).num_cached, 0);
+}
+
+TEST(Eviction, AllocationFailureLeavesEverythingUnchanged) {
+  Driver d(MakeConfig({10, 10}, {Full(4, 0), Window(4, 4, 1)}));
+  d.Add(1, Seq(16, 100));
+  d.Prefill(1);
+  d.Free(1);
+  d.Add(2, Seq(17, 100));
+  const PrefixHit hit = d.Lookup(2);
+  ASSERT_EQ(hit.tokens, 16);
+  const auto before0 = d.m().FreeListOrder(0), before1 = d.m().FreeListOrder(1);
+  const auto usage = d.m().Usage(0);
+  // 16 hit tokens + 24 new need 10 blocks in pool 0 (9 exist); pool 1 alone would suffice.
+  Status s = d.m().Allocate(2, 24, hit);
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s.ToString();
+  EXPECT_NE(s.message().find("pool 0"), std::string::npos) << s.message();
+  d.Check();
+  EXPECT_EQ(d.m().FreeListOrder(0), before0);
+  EXPECT_EQ(d.m().FreeListOrder(1), before1);
+  EXPECT_EQ(d.m().Usage(0).num_cached, usage.num_cached);
+  EXPECT_EQ(d.m().stats().allocations_failed, 1);
+  EXPECT_EQ(d.m().NumComputed(2).value(), 0);
+  // The same hit still works with a step that fits.
+  ASSERT_TRUE(d.m().Allocate(2, 1, hit).ok());
+  d.Check();
+}
+
+TEST(Eviction, LookaheadReservesSlotsBeyondTheStep) {
+  Driver d(MakeConfig({64}, {Full(4)}));
+  d.Add(1, Seq(6));
+  ASSERT_TRUE(d.m().Allocate(1, 6, {}, 5).ok());
+  d.Check();
+  const StepInfo step = d.m().Step(1).value();
+  EXPECT_EQ(step.end, 6);
+  EXPECT_EQ(step.reserved_end, 11);
+  EXPECT_EQ(d.Table(1, 0).size(), 3u);
+  std::vector<int64_t> slots;
+  ASSERT_TRUE(d.m().SlotMapping(1, 0, 6, 11, slots).ok());
+  EXPECT_EQ(slots.size(), 5u);
+  EXPECT_FALSE(d.m().SlotMapping(1, 0, 6, 12, slots).ok());
+  ASSERT_TRUE(d.m().Commit(1, 6).ok());
+  // The next step reuses the reserved blocks: nothing new is taken.
+  const int32_t free_before = d.m().Usage(0).num_free;
+  ASSERT_TRUE(d.m().AppendTokens(1, std::vector<int32_t>{7}).ok());
+  ASSERT_TRUE(d.m().Allocate(1, 1).ok());
+  EXPECT_EQ(d.m().Usage(0).num_free, free_before);
+  d.Check();
+}
+
+TEST(Eviction, WindowGroupsHoldOnlyTheirWindow) {
+  Driver d(MakeConfig({64, 64}, {Full(4, 0), Window(8, 4, 1, 4)}));
+  d.Add(1, Seq(5));
+  d.Prefill(1);
+  for (int32_t t = 0; t < 40; ++t)
+    d.Decode(1, t);
+  const auto w = d.Table(1, 1);
+  const int64_t held = std::count_if(w.begin(), w.end(), [](int32_t b) { return b != 0; });
+  // 45 tokens: the sink block, and blocks 9..11 holding [38, 45), what position 45 attends to.
+  EXPECT_EQ(held, 4);
+  EXPECT_NE(w[0], 0);
+  EXPECT_EQ(w[8], 0);
+  EXPECT_EQ(d.m().Usage(1).num_blocks - d.m().Usage(1).num_free, 4);
+  EXPECT_EQ(d.Table(1, 0).size(), 12u);
+}
+
+}  // namespace
+}  // namespace hkv::testing

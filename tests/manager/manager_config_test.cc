@@ -1,0 +1,74 @@
+// ManagerConfig: derivation from a Plan and validation.
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include <hkv/plan/plan.h>
+#include <hkv/spec/config_loader.h>
+
+#include "manager_test_util.h"
+
+namespace hkv::testing {
+namespace {
+
+void ExpectInvalid(const ManagerConfig& c, const std::string& needle) {
+  const Status s = c.Validate();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << needle;
+  EXPECT_NE(s.message().find(needle), std::string::npos) << s.message();
+  EXPECT_FALSE(KvCacheManager::Create(c).ok());
+}
+
+TEST(ManagerConfig, ValidationNamesTheField) {
+  ManagerConfig c = MakeConfig({16}, {Full(4)});
+  EXPECT_TRUE(c.Validate().ok());
+  ExpectInvalid(MakeConfig({}, {Full(4)}), "no pools");
+  ExpectInvalid(MakeConfig({1}, {Full(4)}), "pool 0 has 1 blocks");
+  ExpectInvalid(MakeConfig({16}, {}), "no groups");
+  ExpectInvalid(MakeConfig({16}, {Full(4, 1)}), "group 0 uses pool 1");
+  ExpectInvalid(MakeConfig({16}, {Full(0)}), "block_tokens 0");
+  ExpectInvalid(MakeConfig({16}, {Window(0, 4)}), "span 0");
+  ExpectInvalid(MakeConfig({16}, {GroupConfig{{TokenRuleKind::kState, 0, 0}, 4, 0}}), "must be 0");
+  ExpectInvalid(MakeConfig({16}, {GroupConfig{{TokenRuleKind::kNothing, 0, 0}, 4, 0}}),
+                "keeps nothing");
+  ExpectInvalid(MakeConfig({16}, {Full(4)}, 0), "max_model_len 0");
+  ManagerConfig enc = MakeConfig({16}, {Full(4), Encoder(4)});
+  enc.max_encoder_tokens = 0;
+  ExpectInvalid(enc, "max_encoder_tokens");
+  ManagerConfig ckpt = MakeConfig({16}, {Full(4), Window(8, 8)});
+  ckpt.checkpoint_interval = 12;
+  ExpectInvalid(ckpt, "checkpoint_interval 12");
+  ExpectInvalid(MakeConfig({16}, {Full(1009), Window(8, 1013), Chunk(8, 1019)}), "lcm");
+}
+
+TEST(ManagerConfig, DerivedAlignment) {
+  EXPECT_EQ(MakeConfig({16}, {Full(16), Window(8, 32)}).align_tokens(), 32);
+  EXPECT_EQ(MakeConfig({16}, {Full(16), Window(8, 24)}).hash_tokens(), 8);
+  EXPECT_EQ(MakeConfig({16}, {Full(16), Window(8, 24)}).align_tokens(), 48);
+  ManagerConfig state_only = MakeConfig({16}, {StateGroup()});
+  state_only.state_align_tokens = 64;
+  EXPECT_EQ(state_only.align_tokens(), 64);
+  EXPECT_EQ(state_only.hash_tokens(), 64);
+}
+
+TEST(ManagerConfig, FromPlanOfARealHybridModel) {
+  auto model = LoadModelConfig(std::string(HKV_MODELS_DIR) + "/ai21labs--Jamba-v0.1/config.json");
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  PlanOptions opts;
+  opts.memory_bytes = int64_t{8} << 30;
+  opts.max_model_len = 8192;
+  auto plan = MakePlan(*model, opts);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  auto c = ManagerConfig::FromPlan(*plan);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->groups.size(), plan->groups.size());
+  EXPECT_EQ(c->pool_blocks.size(), plan->page_classes.size());
+  bool has_state = false;
+  for (const GroupConfig& g : c->groups)
+    has_state = has_state || g.is_state();
+  EXPECT_TRUE(has_state);
+  EXPECT_EQ(c->max_model_len, plan->options.max_model_len);
+  EXPECT_TRUE(KvCacheManager::Create(*c).ok());
+}
+
+}  // namespace
+}  // namespace hkv::testing

@@ -1,0 +1,256 @@
+// Prefix hits across every kind of group: what Lookup finds, and what the first Allocate shares.
+#include <algorithm>
+
+#include <gtest/gtest.h>
+
+#include "manager_test_util.h"
+
+namespace hkv::testing {
+namespace {
+
+TEST(PrefixHit, HitWhileTheOwnerStillRuns) {
+  Driver d(MakeConfig({64}, {Full(4)}));
+  d.Add(1, Seq(10));
+  EXPECT_EQ(d.Prefill(1).tokens, 0);
+  d.Add(2, Seq(10));
+  const PrefixHit hit = d.Lookup(2);
+  // The last prompt token is always computed, and hits are whole blocks: 8 of 10.
+  EXPECT_EQ(hit.tokens, 8);
+  d.Run(2, 2, hit);
+  const auto a = d.Table(1, 0), b = d.Table(2, 0);
+  EXPECT_EQ(a[0], b[0]);
+  EXPECT_EQ(a[1], b[1]);
+  EXPECT_NE(a[2], b[2]);  // the partial block is private
+  EXPECT_EQ(d.m().stats().hit_tokens, 8);
+}
+
+TEST(PrefixHit, HitAfterTheOwnerIsFreed) {
+  Driver d(MakeConfig({64}, {Full(4)}));
+  d.Add(1, Seq(13));
+  d.Prefill(1);
+  const auto owner = d.Table(1, 0);
+  d.Free(1);
+  EXPECT_EQ(d.m().Usage(0).num_free, 63);
+  EXPECT_EQ(d.m().Usage(0).num_cached, 3);
+  d.Add(2, Concat(Seq(12), Seq(5, 900)));
+  const PrefixHit hit = d.Prefill(2);
+  EXPECT_EQ(hit.tokens, 12);
+  const auto t = d.Table(2, 0);
+  EXPECT_TRUE(std::equal(owner.begin(), owner.begin() + 3, t.begin()));
+}
+
+TEST(PrefixHit, NoCachingMeansNoHits) {
+  ManagerConfig c = MakeConfig({64}, {Full(4)});
+  c.enable_prefix_caching = false;
+  Driver d(c);
+  d.Add(1, Seq(13));
+  d.Prefill(1);
+  d.Free(1);
+  d.Add(2, Seq(13));
+  EXPECT_EQ(d.Lookup(2).tokens, 0);
+  EXPECT_EQ(d.m().Usage(0).num_cached, 0);
+}
+
+TEST(PrefixHit, SaltAndAdapterIsolateRequests) {
+  Driver d(MakeConfig({128}, {Full(4)}));
+  const auto prompt = Seq(17);
+  RequestSpec tenant_a;
+  tenant_a.cache_salt = "tenant-a";
+  d.Add(1, prompt, tenant_a);
+  d.Prefill(1);
+  d.Add(2, prompt);  // no salt
+  EXPECT_EQ(d.Lookup(2).tokens, 0);
+  RequestSpec tenant_b;
+  tenant_b.cache_salt = "tenant-b";
+  d.Add(3, prompt, tenant_b);
+  EXPECT_EQ(d.Lookup(3).tokens, 0);
+  d.Add(4, prompt, tenant_a);
+  EXPECT_EQ(d.Lookup(4).tokens, 16);
+
+  RequestSpec lora;
+  lora.adapter_id = 7;
+  d.Add(5, prompt, lora);
+  EXPECT_EQ(d.Lookup(5).tokens, 0);
+  d.Prefill(5);
+  lora.adapter_id = 8;
+  d.Add(6, prompt, lora);
+  EXPECT_EQ(d.Lookup(6).tokens, 0);
+  lora.adapter_id = 7;
+  d.Add(7, prompt, lora);
+  EXPECT_EQ(d.Lookup(7).tokens, 16);
+}
+
+TEST(PrefixHit, MultimodalItemsAreKeyedWithTheirOffsets) {
+  Driver d(MakeConfig({128}, {Full(4)}));
+  const auto prompt = Seq(17);
+  const PromptItem image{{11, 22}, 5, 6};
+  RequestSpec with_image;
+  with_image.items = {&image, 1};
+  d.Add(1, prompt, with_image);
+  d.Prefill(1);
+  d.Add(2, prompt, with_image);
+  EXPECT_EQ(d.Lookup(2).tokens, 16);
+  // The same image at another offset, or another image, shares only blocks before it.
+  const PromptItem moved{{11, 22}, 6, 6};
+  RequestSpec shifted;
+  shifted.items = {&moved, 1};
+  d.Add(3, prompt, shifted);
+  EXPECT_EQ(d.Lookup(3).tokens, 4);
+  const PromptItem other{{11, 23}, 5, 6};
+  RequestSpec different;
+  different.items = {&other, 1};
+  d.Add(4, prompt, different);
+  EXPECT_EQ(d.Lookup(4).tokens, 4);
+}
+
+TEST(PrefixHit, HitsAlignToTheLcmOfBlockSizes) {
+  // Full attention in blocks of 4, a window group in blocks of 8: hits are multiples of 8.
+  Driver d(MakeConfig({128, 128}, {Full(4, 0), Window(16, 8, 1)}));
+  EXPECT_EQ(d.m().config().align_tokens(), 8);
+  EXPECT_EQ(d.m().config().hash_tokens(), 4);
+  d.Add(1, Seq(30));
+  d.Prefill(1);
+  d.Add(2, Seq(30));
+  EXPECT_EQ(d.Lookup(2).tokens, 24);
+}
+
+TEST(PrefixHit, DropLastHitBlockForSpeculativeDecoding) {
+  ManagerConfig c = MakeConfig({128}, {Full(4)});
+  c.drop_last_hit_block = true;
+  Driver d(c);
+  d.Add(1, Seq(30));
+  d.Prefill(1);
+  d.Add(2, Seq(30));
+  EXPECT_EQ(d.Lookup(2).tokens, 24);  // 28 without the drop
+}
+
+// Evicts exactly the blocks in front of `block` on `pool`'s free list, by running a request
+// with unrelated tokens that needs that many blocks from every group.
+void EvictUpTo(Driver& d, RequestId id, int32_t pool, int32_t block, int32_t bs) {
+  const auto order = d.m().FreeListOrder(pool);
+  const auto at = std::find(order.begin(), order.end(), block) - order.begin();
+  ASSERT_LT(at, static_cast<ptrdiff_t>(order.size()));
+  d.Add(id, Seq(static_cast<int32_t>(at) * bs, 5000));
+  Status s = d.m().Allocate(id, static_cast<int64_t>(at) * bs);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  d.Check();
+}
+
+TEST(PrefixHit, WindowHeadMissKeepsTheHitButFullAttentionMissShortensIt) {
+  // Pool 0 is the window group's alone, so its eviction can be steered block by block; pool 1
+  // (full attention) is large enough to keep everything.
+  Driver d(MakeConfig({16, 256}, {Window(8, 4, 0), Full(4, 1)}));
+  d.Add(1, Seq(33));
+  d.Prefill(1);
+  const auto window = d.Table(1, 0);
+  // The window released blocks 0..5 at commit; 6, 7 (the last window) and 8 are still held.
+  for (int j = 0; j < 6; ++j)
+    EXPECT_EQ(window[static_cast<size_t>(j)], 0) << j;
+  d.Free(1);
+  d.m().TakeEvents();
+  // Evict everything on the window pool's free list before the last window's first block.
+  const auto order = d.m().FreeListOrder(0);
+  ASSERT_NO_FATAL_FAILURE(EvictUpTo(d, 50, 0, order[order.size() - 2], 4));
+  const auto events = d.m().TakeEvents();
+  const auto removed = std::count_if(events.begin(), events.end(), [](const ManagerEvent& e) {
+    return e.kind == KvEvent::Kind::kRemoved && e.group == 0;
+  });
+  EXPECT_EQ(removed, 6);  // the head of the window group's chain is gone
+  d.Add(2, Seq(33));
+  EXPECT_EQ(d.Lookup(2).tokens, 32);
+
+  // Now a full-attention block in the middle: the hit stops before it.
+  Driver e(MakeConfig({256, 12}, {Window(8, 4, 0), Full(4, 1)}));
+  e.Add(1, Seq(33));
+  e.Prefill(1);
+  const auto full = e.Table(1, 1);
+  e.Free(1);
+  // Free tail-first: the full group's blocks sit on the list as 7, 6, ..., 0 (block 8 was
+  // partial, without identity, and went to the head). Evicting through block 5 leaves 0..4.
+  ASSERT_NO_FATAL_FAILURE(EvictUpTo(e, 50, 1, full[4], 4));
+  e.Add(2, Seq(33));
+  EXPECT_EQ(e.Lookup(2).tokens, 20);
+}
+
+TEST(PrefixHit, ChunkedGroupsNeedOnlyTheCurrentChunk) {
+  Driver d(MakeConfig({64, 64}, {Chunk(8, 4, 0), Full(4, 1)}));
+  d.Add(1, Seq(21));
+  d.Prefill(1);
+  const auto chunk = d.Table(1, 0);
+  EXPECT_EQ(chunk[0], 0);  // chunk [0, 8) and [8, 16) are released
+  EXPECT_EQ(chunk[3], 0);
+  EXPECT_NE(chunk[4], 0);
+  d.Free(1);
+  d.Add(2, Seq(21));
+  // Blocks 0..3 are gone (released, then evicted or not: they are never consulted); continuing
+  // at 20 needs only [16, 20), the current chunk's first block.
+  EXPECT_EQ(d.Lookup(2).tokens, 20);
+}
+
+TEST(PrefixHit, RecurrentHitsLandOnlyOnCheckpoints) {
+  ManagerConfig c = MakeConfig({256, 64}, {Full(4, 0), StateGroup(1)});
+  c.checkpoint_interval = 8;
+  Driver d(c);
+  d.Add(1, Seq(30));
+  d.Prefill(1);
+  // The step snapshotted the state at 8, 16, 24 (interval) and 28 (last aligned position
+  // before the prompt's end).
+  d.Free(1);
+  d.Add(2, Concat(Seq(26), Seq(10, 700)));
+  EXPECT_EQ(d.Lookup(2).tokens, 24);
+  d.Add(3, Concat(Seq(22), Seq(10, 700)));
+  EXPECT_EQ(d.Lookup(3).tokens, 16);  // attention could give 20; the state exists only at 16
+  d.Add(4, Seq(30));
+  const PrefixHit hit = d.Lookup(4);
+  EXPECT_EQ(hit.tokens, 28);
+  ASSERT_TRUE(d.m().Allocate(4, 2, hit).ok());
+  const StateStep st = d.m().State(4, 1).value();
+  EXPECT_NE(st.read, 0);         // the checkpoint
+  EXPECT_NE(st.write, st.read);  // never written in place: it is cached
+  ASSERT_TRUE(d.m().Commit(4, 30).ok());
+  d.Check();
+}
+
+TEST(PrefixHit, RecurrentStateIsPublishedWhereARequestEnds) {
+  Driver d(MakeConfig({256, 64}, {Full(4, 0), StateGroup(1)}));
+  d.Add(1, Seq(10));
+  d.Prefill(1);
+  for (int32_t t = 0; t < 7; ++t)
+    d.Decode(1, 900 + t);  // reaches 17 tokens, rolling at 16
+  d.Free(1);
+  // A follow-up turn that extends the conversation hits at the rolling state (16).
+  d.Add(2, Concat(Concat(Seq(10), Seq(7, 900)), Seq(5, 50)));
+  EXPECT_EQ(d.Lookup(2).tokens, 16);
+}
+
+TEST(PrefixHit, CrossAttentionEncoderBlocksAreShared) {
+  Driver d(MakeConfig({128, 64}, {Full(4, 0), Encoder(4, 1)}));
+  RequestSpec image;
+  image.encoder_tokens = 10;
+  image.encoder_input = {1, 2};
+  d.Add(1, Seq(9), image);
+  ASSERT_TRUE(d.m().Allocate(1, 9).ok());
+  EXPECT_TRUE(d.m().Step(1).value().run_encoder);
+  ASSERT_TRUE(d.m().Commit(1, 9).ok());
+  d.Check();
+  const auto enc = d.Table(1, 1);
+  EXPECT_EQ(enc.size(), 3u);
+  d.Decode(1, 5);
+  d.Add(2, Seq(5, 300), image);  // another question about the same image
+  const PrefixHit hit = d.Lookup(2);
+  EXPECT_TRUE(hit.encoder);
+  EXPECT_EQ(hit.tokens, 0);
+  ASSERT_TRUE(d.m().Allocate(2, 5, hit).ok());
+  EXPECT_FALSE(d.m().Step(2).value().run_encoder);
+  EXPECT_EQ(d.Table(2, 1), enc);
+  ASSERT_TRUE(d.m().Commit(2, 5).ok());
+  d.Check();
+  RequestSpec other = image;
+  other.encoder_input = {1, 3};
+  d.Add(3, Seq(5, 300), other);
+  EXPECT_FALSE(d.Lookup(3).encoder);
+  EXPECT_EQ(d.m().stats().encoder_hits, 1);
+}
+
+}  // namespace
+}  // namespace hkv::testing
