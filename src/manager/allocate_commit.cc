@@ -17,33 +17,35 @@ using manager_internal::NeededBlocks;
 using manager_internal::ReleasesTokens;
 using manager_internal::Request;
 
-// Positions in [begin, end) after which the step must copy the recurrent state aside: checkpoints
-// (known, aligned, interval or prompt end) strictly inside the step, and every speculative
-// position, so that Commit and Truncate can land on any of them. The state after `end` is the
-// step's write slot and needs no copy.
+// Positions in [begin, end) after which the step must copy the recurrent state aside:
+// - checkpoints strictly inside the step (known, aligned, an interval multiple or the prompt end);
+// - the last aligned known position inside the step, when the step does not itself end on one,
+//   so the rolling state keeps up with multi-token steps (chunked prefill);
+// - every speculative position, so that Commit and Truncate can land on any of them.
+// The state after `end` is the step's write slot and needs no copy.
 void KvCacheManager::Impl::PlanSnapshots(const Request& r, int64_t begin, int64_t end,
                                          std::vector<int64_t>& out) const {
   out.clear();
   const int64_t known = r.known();
-  const int64_t spec_from = std::max(begin, known);
-  const int64_t interval = config.checkpoint_interval;
-  const int64_t prompt_ckpt = (r.prompt_len - 1) / align * align;
   const int64_t last = std::min(end - 1, known);
   // Without prefix caching nobody could hit a checkpoint: only speculative states are kept.
-  const bool caching = config.enable_prefix_caching;
-  int64_t next_interval = caching && interval > 0 ? (begin / interval + 1) * interval : INT64_MAX;
-  bool prompt_pending = caching && prompt_ckpt > begin && prompt_ckpt <= last && prompt_ckpt > 0;
-  for (;;) {
-    int64_t p = INT64_MAX;
-    if (next_interval <= last) p = next_interval;
-    if (prompt_pending) p = std::min(p, prompt_ckpt);
-    if (p == INT64_MAX || p >= spec_from) break;
-    out.push_back(p);
-    if (p == next_interval) next_interval += interval;
-    if (p == prompt_ckpt) prompt_pending = false;
+  if (config.enable_prefix_caching) {
+    const int64_t interval = config.checkpoint_interval;
+    if (interval > 0) {
+      for (int64_t p = (begin / interval + 1) * interval; p <= last; p += interval) {
+        out.push_back(p);
+      }
+    }
+    const int64_t prompt_ckpt = (r.prompt_len - 1) / align * align;
+    if (prompt_ckpt > begin && prompt_ckpt <= last) out.push_back(prompt_ckpt);
+    const int64_t rolling = last / align * align;
+    const bool end_rolls = end % align == 0 && end <= known;
+    if (rolling > begin && !end_rolls) out.push_back(rolling);
   }
-  for (int64_t p = spec_from; p < end; ++p)
+  for (int64_t p = std::max(begin, known); p < end; ++p)
     out.push_back(p);
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
 }
 
 Status KvCacheManager::Impl::Allocate(Request& r, int64_t num_new, const PrefixHit& hit,
@@ -331,6 +333,10 @@ Status KvCacheManager::Impl::Commit(Request& r, int64_t c) {
         if (s.position <= publish_limit && IsCheckpoint(r, s.position)) {
           PublishBlock(pool, s.slot, StateKey(r, g, s.position));
           to_release.push_back(s.slot);
+        } else if (config.enable_prefix_caching && s.position <= publish_limit &&
+                   s.position % align == 0 && s.position > gs.rolling.position) {
+          if (gs.rolling.block != BlockPool::kNullBlock) to_release.push_back(gs.rolling.block);
+          gs.rolling = {s.position, s.slot};
         } else if (s.position < c) {
           gs.held.push_back({s.position, s.slot});
         } else {

@@ -53,7 +53,8 @@ int64_t KvCacheManager::Impl::LookupFixedPoint(const Request& r, int64_t cap) {
   int64_t x = cap / align * align;
   for (;;) {
     const int64_t before = x;
-    for (size_t gi = 0; gi < config.groups.size() && x > 0; ++gi) {
+    for (size_t k = 0; k < search_order.size() && x > 0; ++k) {
+      const size_t gi = search_order[k];
       const auto g = static_cast<int32_t>(gi);
       const GroupConfig& gc = config.groups[gi];
       const BlockPool& bp = pools[static_cast<size_t>(gc.pool)];

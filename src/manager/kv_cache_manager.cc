@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <tuple>
 
 #include <fmt/format.h>
 
@@ -48,6 +49,11 @@ KvCacheManager::Impl::Impl(const ManagerConfig& c)
     has_encoder = has_encoder || g.is_encoder();
   need.resize(config.pool_blocks.size());
   full_prefix.resize(config.groups.size());
+  for (int pass = 0; pass < 2; ++pass) {
+    for (size_t gi = 0; gi < config.groups.size(); ++gi) {
+      if (config.groups[gi].is_state() == (pass == 1)) search_order.push_back(gi);
+    }
+  }
 }
 
 Result<KvCacheManager> KvCacheManager::Create(const ManagerConfig& config) {
@@ -260,8 +266,10 @@ Status KvCacheManager::AddRequest(const RequestSpec& spec) {
   r.adapter = spec.adapter_id;
   r.salt.assign(spec.cache_salt);
   r.items.assign(spec.items.begin(), spec.items.end());
-  std::stable_sort(r.items.begin(), r.items.end(), [](const PromptItem& a, const PromptItem& b) {
-    return a.position < b.position;
+  // A total order, so the digests do not depend on the order the caller listed items in.
+  std::sort(r.items.begin(), r.items.end(), [](const PromptItem& a, const PromptItem& b) {
+    return std::tie(a.position, a.length, a.content.hi, a.content.lo) <
+           std::tie(b.position, b.length, b.content.hi, b.content.lo);
   });
   r.encoder_tokens = spec.encoder_tokens;
   r.encoder_input = spec.encoder_input;
@@ -445,8 +453,14 @@ Status KvCacheManager::SlotMapping(RequestId id, int32_t group, int64_t begin, i
           id, group));
     }
   }
-  for (int64_t p = begin; p < end; ++p) {
-    out.push_back(int64_t{table[static_cast<size_t>(p / bs)]} * bs + p % bs);
+  // One block at a time: slots within a block are consecutive.
+  size_t at = out.size();
+  out.resize(at + static_cast<size_t>(end - begin));
+  for (int64_t p = begin; p < end;) {
+    const int64_t block_end = std::min(end, (p / bs + 1) * bs);
+    int64_t slot = int64_t{table[static_cast<size_t>(p / bs)]} * bs + p % bs;
+    for (; p < block_end; ++p)
+      out[at++] = slot++;
   }
   return Status::Ok();
 }

@@ -150,7 +150,10 @@ struct KvCacheManager::Impl {
   std::vector<int32_t> to_release;  // per pool batch
   std::vector<int32_t> release_low, release_normal;
   std::vector<int64_t> positions;
-  std::vector<int64_t> full_prefix;  // Lookup: consecutive cached blocks per group, -1 unknown
+  std::vector<int64_t> full_prefix;
+  // Lookup visits token groups before state groups: attention bounds the hit cheaply, and the
+  // state group's downward probe then starts from there instead of from the prompt's end.
+  std::vector<size_t> search_order;  // Lookup: consecutive cached blocks per group, -1 unknown
 };
 
 }  // namespace hkv

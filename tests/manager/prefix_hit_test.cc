@@ -223,6 +223,23 @@ TEST(PrefixHit, RecurrentStateIsPublishedWhereARequestEnds) {
   EXPECT_EQ(d.Lookup(2).tokens, 16);
 }
 
+TEST(PrefixHit, TheRollingStateKeepsUpWithMultiTokenSteps) {
+  Driver d(MakeConfig({256, 64}, {Full(4, 0), StateGroup(1)}));
+  d.Add(1, Seq(10));
+  d.Prefill(1);
+  // A 13-token step ending off the grid (at 23): the state after 20 is copied aside in it.
+  ASSERT_TRUE(d.m().AppendTokens(1, Seq(13, 900)).ok());
+  ASSERT_TRUE(d.m().Allocate(1, 13).ok());
+  const StateStep st = d.m().State(1, 1).value();
+  ASSERT_EQ(st.snapshots.size(), 1u);
+  EXPECT_EQ(st.snapshots[0].position, 20);
+  ASSERT_TRUE(d.m().Commit(1, 23).ok());
+  d.Check();
+  d.Free(1);
+  d.Add(2, Concat(Concat(Seq(10), Seq(13, 900)), Seq(4, 50)));
+  EXPECT_EQ(d.Lookup(2).tokens, 20);
+}
+
 TEST(PrefixHit, CrossAttentionEncoderBlocksAreShared) {
   Driver d(MakeConfig({128, 64}, {Full(4, 0), Encoder(4, 1)}));
   RequestSpec image;
