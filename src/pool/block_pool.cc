@@ -25,7 +25,7 @@ BlockPool::BlockPool(int32_t num_blocks, bool record_events)
       record_events_(record_events) {
   for (int32_t b = 1; b < num_blocks; ++b)
     Append(b);
-  scratch_.reserve(256);
+  pending_.assign(static_cast<size_t>(num_blocks), 0);
 }
 
 Status BlockPool::CheckBlockId(int32_t block, const char* call) const {
@@ -139,23 +139,26 @@ Status BlockPool::Publish(int32_t block, const PrefixKey& key) {
 }
 
 Status BlockPool::Free(std::span<const int32_t> blocks, Retention retention) {
-  // Validate everything first: a rejected call must leave every count as it was.
-  scratch_.assign(blocks.begin(), blocks.end());
-  std::sort(scratch_.begin(), scratch_.end());
-  for (size_t k = 0; k < scratch_.size();) {
-    const int32_t b = scratch_[k];
-    HKV_RETURN_IF_ERROR(CheckBlockId(b, "free"));
-    size_t run = k;
-    while (run < scratch_.size() && scratch_[run] == b)
-      ++run;
-    const auto times = static_cast<int32_t>(run - k);
-    if (times > ref_[static_cast<size_t>(b)]) {
-      return Status::FailedPrecondition(
+  // Validate everything first: a rejected call must leave every count as it was. `pending_`
+  // counts how often each block is listed (linear, no sort); it is zeroed again before return.
+  Status bad;
+  size_t counted = 0;
+  for (; counted < blocks.size(); ++counted) {
+    const int32_t b = blocks[counted];
+    bad = CheckBlockId(b, "free");
+    if (!bad.ok()) break;
+    const size_t i = static_cast<size_t>(b);
+    if (++pending_[i] > ref_[i]) {
+      bad = Status::FailedPrecondition(
           fmt::format("free: block {} listed {} time(s) but holds {} reference(s) (double free?)",
-                      b, times, ref_[static_cast<size_t>(b)]));
+                      b, pending_[i], ref_[i]));
+      ++counted;
+      break;
     }
-    k = run;
   }
+  for (size_t k = 0; k < counted; ++k)
+    pending_[static_cast<size_t>(blocks[k])] = 0;
+  if (!bad.ok()) return bad;
   if (retention == Retention::kNormal) {
     for (int32_t b : blocks) {
       if (--ref_[static_cast<size_t>(b)] == 0) Append(b);

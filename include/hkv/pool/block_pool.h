@@ -96,7 +96,7 @@ class BlockPool {
   PrefixIndex index_;
   bool record_events_ = true;
   std::vector<KvEvent> events_;
-  std::vector<int32_t> scratch_;  // Free's validation, reused
+  std::vector<int32_t> pending_;  // Free's validation: times listed per block, kept all zero
 };
 
 }  // namespace hkv
