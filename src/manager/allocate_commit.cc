@@ -81,12 +81,15 @@ Status KvCacheManager::Impl::Allocate(Request& r, int64_t num_new, const PrefixH
     }
   }
   const int64_t begin = r.started ? r.computed : hit.tokens;
-  const int64_t end = begin + num_new;
-  if (end > config.max_model_len || end + lookahead > config.max_model_len) {
-    return Status::InvalidArgument(fmt::format(
-        "allocate: request {}: positions up to {} (with lookahead {}) exceed max_model_len {}",
-        r.id, end + lookahead, lookahead, config.max_model_len));
+  // Compared by subtraction: begin + num_new + lookahead may not even be representable.
+  if (num_new > config.max_model_len - begin ||
+      lookahead > config.max_model_len - begin - num_new) {
+    return Status::InvalidArgument(
+        fmt::format("allocate: request {}: {} new tokens from position {} with lookahead {} exceed "
+                    "max_model_len {}",
+                    r.id, num_new, begin, lookahead, config.max_model_len));
   }
+  const int64_t end = begin + num_new;
   const int64_t reserve = std::max(r.reserved, end + lookahead);
 
   // Plan: count what every pool must supply, and check that the hit still stands. Nothing
@@ -266,18 +269,20 @@ Status KvCacheManager::Impl::Commit(Request& r, int64_t c) {
                     r.step_begin, r.step_end));
   }
   for (size_t gi = 0; gi < config.groups.size(); ++gi) {
-    if (!config.groups[gi].is_state() || c == r.step_begin || c == r.step_end) continue;
-    const auto& snaps = r.groups[gi].snaps;
-    const bool has = std::any_of(snaps.begin(), snaps.end(),
-                                 [&](const StateSnapshot& s) { return s.position == c; });
-    if (!has) {
+    if (!config.groups[gi].is_state() || c == r.step_end) continue;
+    const GroupState& gs = r.groups[gi];
+    const bool snapshot = std::any_of(gs.snaps.begin(), gs.snaps.end(),
+                                      [&](const StateSnapshot& s) { return s.position == c; });
+    // At the step's begin the read state serves, unless the step overwrote it in place.
+    const bool intact_read = c == r.step_begin && gs.write != gs.read;
+    if (!snapshot && !intact_read) {
       return Status::InvalidArgument(fmt::format(
-          "commit: request {}: no recurrent state after {} tokens; a step can stop early only "
-          "at speculative positions (>= {} known tokens)",
-          r.id, c, r.known()));
+          "commit: request {}: no recurrent state after {} tokens (group {}); a step can stop "
+          "early only at speculative positions (>= {} known tokens){}",
+          r.id, c, gi, r.known(),
+          c == r.step_begin ? ", and this step wrote its state in place" : ""));
     }
   }
-
   const int64_t known = r.known();
   const int64_t publish_limit = std::min(c, known);
   r.computed = c;
@@ -322,7 +327,7 @@ Status KvCacheManager::Impl::Commit(Request& r, int64_t c) {
       int32_t live = old_live;
       if (c == r.step_end) {
         live = gs.write;
-      } else if (c != r.step_begin) {
+      } else {
         for (const StateSnapshot& s : gs.snaps) {
           if (s.position == c) live = s.slot;
         }

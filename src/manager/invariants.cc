@@ -107,16 +107,14 @@ Status KvCacheManager::Impl::CheckInvariants() const {
           continue;
         }
         HKV_RETURN_IF_ERROR(hold(b, "table entry"));
-        if (bp.has_identity(b)) {
-          // Only full blocks of known tokens are ever published, and a published block is never
-          // written again: its identity must be the request's own digest for that block. The one
-          // exception is the block a Truncate cut into, which is copied before its next write.
-          const bool cut = jj >= gs.num_published && jj == r.computed / bs && r.computed % bs != 0;
-          if (!cut && (jj >= gs.num_published || (jj + 1) * bs > r.known() ||
-                       bp.identity(b) != TokenKey(r, g, jj))) {
-            return fail(fmt::format("group {} block {} (pool block {}) carries a foreign identity",
-                                    g, j, b));
-          }
+        // Blocks the request published itself (j < num_published) carry its own digest: only
+        // full blocks of known tokens are published, and a published block is never written
+        // again. Later blocks may carry an identity too — one a co-holder from a Fork published,
+        // or one a Truncate cut into — and are copied before the request writes into them.
+        if (jj < gs.num_published && bp.has_identity(b) &&
+            ((jj + 1) * bs > r.known() || bp.identity(b) != TokenKey(r, g, jj))) {
+          return fail(
+              fmt::format("group {} block {} (pool block {}) carries a foreign identity", g, j, b));
         }
       }
     }

@@ -113,6 +113,11 @@ void KvCacheManager::Impl::ExtendHashes(Request& r) {
         scratch_items.push_back({item.content, item.position - start});
       }
     }
+    // A cross-attention decoder's KV depends on the encoder's input too: the first block
+    // carries it, as an item at an offset no real item can have there (items start at >= 0).
+    if (i == 0 && r.encoder_tokens > 0) {
+      scratch_items.insert(scratch_items.begin(), {r.encoder_input, -1 - r.encoder_tokens});
+    }
     const BlockHash& parent = i == 0 ? kRootHash : r.hashes.back();
     BlockExtraKeys extra{r.adapter, scratch_items, i == 0 ? std::string_view(r.salt) : ""};
     r.hashes.push_back(HashBlock(
@@ -188,8 +193,12 @@ void KvCacheManager::Impl::Release(int32_t pool, std::span<const int32_t> blocks
   release_low.clear();
   release_normal.clear();
   for (int32_t b : blocks) {
-    // A block another holder still references keeps its place; only the last release decides.
-    if (bp.ref_count(b) == 1 && !bp.has_identity(b)) {
+    // A reference that is not the last one only drops the count (the list may name a block
+    // twice, e.g. a state that is both live and rolling); the last reference decides where the
+    // block goes.
+    if (bp.ref_count(b) > 1) {
+      Must(bp.Free({&b, 1}));
+    } else if (!bp.has_identity(b)) {
       release_low.push_back(b);
     } else {
       release_normal.push_back(b);
