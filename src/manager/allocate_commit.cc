@@ -42,7 +42,8 @@ void KvCacheManager::Impl::PlanSnapshots(const Request& r, int64_t begin, int64_
     const bool end_rolls = end % align == 0 && end <= known;
     if (rolling > begin && !end_rolls) out.push_back(rolling);
   }
-  for (int64_t p = std::max(begin, known); p < end; ++p)
+  // The state after 0 tokens is the zero state: it needs no copy.
+  for (int64_t p = std::max({begin, known, int64_t{1}}); p < end; ++p)
     out.push_back(p);
   std::sort(out.begin(), out.end());
   out.erase(std::unique(out.begin(), out.end()), out.end());
@@ -68,12 +69,17 @@ Status KvCacheManager::Impl::Allocate(Request& r, int64_t num_new, const PrefixH
         "allocate: request {}: a prefix hit can only be passed to the first Allocate", r.id));
   }
   if (!r.started) {
-    if (hit.tokens < 0 || hit.tokens > r.known() - 1 || hit.tokens % align != 0 ||
+    if (hit.tokens < 0 || hit.tokens % align != 0 ||
         (hit.tokens > 0 && !config.enable_prefix_caching)) {
       return Status::InvalidArgument(fmt::format(
-          "allocate: request {}: hit of {} tokens is not one Lookup could return (prompt {}, "
-          "alignment {})",
-          r.id, hit.tokens, r.known(), align));
+          "allocate: request {}: hit of {} tokens is not one Lookup could return (alignment {}{})",
+          r.id, hit.tokens, align, config.enable_prefix_caching ? "" : ", prefix caching off"));
+    }
+    if (hit.tokens > 0 && hit.tokens > r.known() - 1) {
+      return Status::FailedPrecondition(fmt::format(
+          "allocate: request {}: the prefix hit of {} tokens went stale: the request now has {} "
+          "tokens; look up again",
+          r.id, hit.tokens, r.known()));
     }
     if (hit.encoder && (!has_encoder || !config.enable_prefix_caching)) {
       return Status::InvalidArgument(fmt::format(

@@ -61,7 +61,7 @@ Result<TruncateResult> KvCacheManager::Impl::Truncate(Request& r, int64_t n) {
     } else if (gc.is_state()) {
       to_release.clear();
       int32_t live = gs.live;
-      if (x != r.computed) {
+      if (x != r.computed && x > 0) {
         live = BlockPool::kNullBlock;
         auto held = std::find_if(gs.held.begin(), gs.held.end(),
                                  [&](const HeldState& h) { return h.position == x; });
@@ -77,6 +77,10 @@ Result<TruncateResult> KvCacheManager::Impl::Truncate(Request& r, int64_t n) {
         }
         if (gs.live != BlockPool::kNullBlock) to_release.push_back(gs.live);
         gs.live = live;
+      } else if (x == 0) {
+        // Back to the zero state, whatever snapshot of position 0 a step may have taken.
+        if (gs.live != BlockPool::kNullBlock) to_release.push_back(gs.live);
+        gs.live = BlockPool::kNullBlock;
       }
       for (const HeldState& h : gs.held)
         to_release.push_back(h.block);
@@ -88,7 +92,8 @@ Result<TruncateResult> KvCacheManager::Impl::Truncate(Request& r, int64_t n) {
       Release(gc.pool, to_release, r.retention);
     }
   }
-  const int64_t recompute = std::min(r.computed, n) - x;
+  // Only known tokens are recomputed; drafts past them are simply gone.
+  const int64_t recompute = std::max<int64_t>(0, std::min(r.computed, new_known) - x);
   r.tokens.resize(static_cast<size_t>(new_known));
   r.hashes.resize(static_cast<size_t>(new_known / hash_tokens));
   std::erase_if(r.items, [&](const PromptItem& it) { return it.position >= new_known; });

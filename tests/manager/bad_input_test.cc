@@ -90,7 +90,7 @@ TEST_F(BadInput, HitsThatLookupCouldNotHaveReturned) {
   Refused(StatusCode::kInvalidArgument, "not one Lookup could return", [&] {
     return d_.m().Allocate(2, 1, PrefixHit{3, false});
   });
-  Refused(StatusCode::kInvalidArgument, "not one Lookup could return", [&] {
+  Refused(StatusCode::kFailedPrecondition, "went stale", [&] {
     return d_.m().Allocate(2, 1, PrefixHit{8, false});
   });  // prompt is 6
   Refused(StatusCode::kInvalidArgument, "encoder hit", [&] {

@@ -172,6 +172,42 @@ TEST(Speculative, RejectedDraftsRollBackExactly) {
   EXPECT_EQ(d.m().Usage(1).num_free, 63);
 }
 
+TEST(Speculative, DraftsAreNotCountedAsRecomputation) {
+  ManagerConfig c = Hybrid();
+  c.enable_prefix_caching = false;  // no checkpoints: a rollback goes back to the zero state
+  Driver d(c);
+  d.Add(1, Seq(8));
+  ASSERT_TRUE(d.m().Allocate(1, 12).ok());  // 8 known tokens and 4 drafts
+  ASSERT_TRUE(d.m().Commit(1, 12).ok());
+  ASSERT_TRUE(d.m().Allocate(1, 4).ok());
+  ASSERT_TRUE(d.m().Commit(1, 16).ok());
+  d.Check();
+  // Back to 10 (2 drafts kept): no state exists at or before 10 any more, so everything is
+  // computed again — the 8 known tokens; the drafts are simply dropped.
+  const TruncateResult r = d.m().Truncate(1, 10).value();
+  EXPECT_EQ(r.tokens, 8);
+  EXPECT_EQ(r.computed, 0);
+  EXPECT_EQ(r.recompute, 8);
+  d.Check();
+}
+
+TEST(Speculative, TruncatingToNothingStartsFromTheZeroState) {
+  Driver d(Hybrid());
+  d.Add(1, Seq(1));
+  ASSERT_TRUE(d.m().Allocate(1, 4).ok());
+  ASSERT_TRUE(d.m().Commit(1, 4).ok());
+  ASSERT_TRUE(d.m().Truncate(1, 0).ok());
+  d.Check();
+  ASSERT_TRUE(d.m().Allocate(1, 5).ok());  // everything is a draft now
+  EXPECT_EQ(d.m().State(1, 1).value().snapshots.front().position, 1);
+  ASSERT_TRUE(d.m().Commit(1, 2).ok());
+  ASSERT_TRUE(d.m().Truncate(1, 0).ok());
+  d.Check();
+  EXPECT_EQ(d.m().NumComputed(1).value(), 0);
+  ASSERT_TRUE(d.m().AppendTokens(1, Seq(3)).ok());
+  d.Run(1, 3);
+}
+
 TEST(Speculative, CommitWithoutAStateThereIsRefused) {
   Driver d(Hybrid());
   d.Add(1, Seq(10));

@@ -348,16 +348,14 @@ class Driver {
     if (Chance(0.85)) (void)eng_.Lookup(r.id);
   }
 
-  // Samples a token when everything known is computed. Returns false when the request ended.
+  // Samples when everything known is computed (accepting computed drafts first, which a request
+  // forked between its forward pass and sampling still has). Returns false when it ended.
   bool SampleIfNeeded(RequestId id) {
     const Seq* q = eng_.Find(id);
     if (q->computed < q->known) return true;
-    if (q->known + 1 > cfg_.max_model_len || q->known >= target_[id]) {
-      End(id);
-      return false;
-    }
-    const int32_t tok = Token();
-    return eng_.Append(id, std::span<const int32_t>(&tok, 1)).ok();
+    Accept(id);
+    q = eng_.Find(id);
+    return q != nullptr && q->computed < q->known;
   }
 
   // Allocates the request's next step: the next prefill chunk, or the sampled token and some
@@ -417,6 +415,9 @@ class Driver {
     if (points.empty()) return;
     const int64_t c = Chance(0.7) ? points.back() : points[Index(points.size())];
     if (!eng_.Commit(id, c).ok()) return;
+    // Parallel sampling forks after the forward pass, before sampling: the child shares the
+    // computed drafts too.
+    if (Chance(0.03)) Fork(id);
     Accept(id);
   }
 
@@ -424,6 +425,7 @@ class Driver {
   // rest with Truncate, append the accepted ones and a sampled token.
   void Accept(RequestId id) {
     const Seq* q = eng_.Find(id);
+    if (q == nullptr) return;
     const int64_t known = q->known, computed = q->computed;
     if (computed < known) return;
     int64_t accept = Uniform(0, computed - known);
@@ -462,8 +464,11 @@ class Driver {
   }
 
   void ForkOne() {
-    if (eng_.size() == 0 || eng_.size() >= static_cast<size_t>(o_.max_live) + 2) return;
-    const RequestId parent = RandomLive();
+    if (eng_.size() > 0) Fork(RandomLive());
+  }
+
+  void Fork(RequestId parent) {
+    if (eng_.size() >= static_cast<size_t>(o_.max_live) + 2) return;
     const RequestId child = next_id_++;
     if (eng_.Fork(parent, child).ok())
       target_[child] = eng_.Find(child)->known + Uniform(1, o_.max_output);
@@ -654,15 +659,16 @@ TEST_P(ManagerRandomTest, RandomOperationsReadExactlyWhatWasWritten) {
     d.Run();
     ASSERT_FALSE(d.failed()) << GetParam().name << " seed " << seed << ":\n" << d.Report();
     EXPECT_EQ(m->num_requests(), 0);
-    // The run must have exercised what it is meant to: sharing, pressure, rollback.
+    // The run must have exercised what it is meant to: sharing, pressure, rollback. Thresholds
+    // are about a third of the least seen over 25 seeds per shape.
     const FakeEngine::Counters& c = d.engine().counters();
     const std::string what = d.engine().DescribeCounters();
     RecordProperty("seed" + std::to_string(seed), what);
-    EXPECT_GT(c.steps, o.ops / 4) << what;
+    EXPECT_GT(c.steps, o.ops / 5) << what;
     EXPECT_GT(c.partial_commits, o.ops / 50) << what;
-    EXPECT_GT(c.exhausted, o.ops / 200) << what;
+    EXPECT_GT(c.exhausted, o.ops / 500) << what;
     EXPECT_GT(c.forks, o.ops / 100) << what;
-    EXPECT_GT(c.truncates, o.ops / 20) << what;
+    EXPECT_GT(c.truncates, o.ops / 30) << what;
     EXPECT_GT(c.refused, o.ops / 100) << what;
     bool tokens = false;
     for (const GroupConfig& g : config->groups)
@@ -672,10 +678,10 @@ TEST_P(ManagerRandomTest, RandomOperationsReadExactlyWhatWasWritten) {
     }
     EXPECT_GT(d.hit_checks(), 0) << what;
     if (config->enable_prefix_caching) {
-      EXPECT_GT(c.hits, o.ops / 400) << what;
+      EXPECT_GT(c.hits, o.ops / 4000) << what;
       EXPECT_GT(d.engine().removed_events(), 0) << what;
       if (d.has_encoder()) {
-        EXPECT_GT(c.encoder_hits, o.ops / 200) << what;
+        EXPECT_GT(c.encoder_hits, o.ops / 500) << what;
       }
     }
     if (state) {
@@ -690,7 +696,7 @@ TEST_P(ManagerRandomTest, RandomOperationsReadExactlyWhatWasWritten) {
 TEST_P(ManagerRandomTest, FreedPromptComesBackAsItsWholeAlignedPrefix) {
   std::optional<ManagerConfig> config = GetParam().make();
   ASSERT_TRUE(config.has_value());
-  SizePools(*config, {.max_prompt = 700}, 4);  // room for the request and its repeat
+  SizePools(*config, {.max_prompt = 700}, 12);  // nothing is ever evicted
   std::optional<KvCacheManager> m = Make(*config);
   ASSERT_TRUE(m.has_value());
   Driver d(*m, 7, {.max_prompt = 700});
@@ -704,6 +710,7 @@ TEST_P(ManagerRandomTest, FreedPromptComesBackAsItsWholeAlignedPrefix) {
     EngineRequest r = d.NewRequest();
     r.prompt = d.RandomTokens(len);  // shares no prefix with earlier prompts
     r.items.clear();
+    r.retention = Retention::kNormal;  // low retention would put its blocks first in line
     d.RunToCompletion(r, 5);
     ASSERT_FALSE(d.failed()) << d.Report();
     EngineRequest again = r;
@@ -712,9 +719,11 @@ TEST_P(ManagerRandomTest, FreedPromptComesBackAsItsWholeAlignedPrefix) {
     Result<PrefixHit> hit = d.engine().Lookup(again.id);
     ASSERT_TRUE(hit.ok());
     ASSERT_FALSE(d.failed()) << d.Report();
+    ASSERT_EQ(d.engine().removed_events(), 0) << "the pools were meant never to evict";
     const int64_t full = config->enable_prefix_caching ? (len - 1) / align * align : 0;
     if (!config->drop_last_hit_block) {
-      EXPECT_EQ(hit->tokens, full) << "prompt of " << len << " tokens, align " << align;
+      EXPECT_EQ(hit->tokens, full) << "prompt of " << len << " tokens, align " << align << "\n"
+                                   << d.Report();
     } else if (!has_state) {
       EXPECT_EQ(hit->tokens, std::max<int64_t>(0, full - align)) << "prompt of " << len;
     } else {

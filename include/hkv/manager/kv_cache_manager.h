@@ -81,7 +81,9 @@ class KvCacheManager {
                   int64_t lookahead = 0);
   // Closes the open step: positions [0, computed) hold valid KV and state, for some computed in
   // [step begin, step end]. Publishes full blocks of known tokens and recurrent checkpoints,
-  // and releases blocks that left a window or chunk.
+  // and releases blocks that left a window or chunk. With recurrent groups a state must exist at
+  // `computed`: the step's end, a position StateStep::snapshots lists (speculative ones), or the
+  // step's begin when the step did not write its state in place (kInvalidArgument otherwise).
   Status Commit(RequestId id, int64_t computed);
   // Appends sampled (or accepted) tokens to the request's known tokens.
   Status AppendTokens(RequestId id, std::span<const int32_t> tokens);
@@ -92,7 +94,8 @@ class KvCacheManager {
   // Keeps positions [0, n) and drops the rest, in every group. The recurrent state rolls back to
   // the newest state at or before n that still exists (the live state, a snapshot the request
   // holds, or a cached checkpoint), and windows get back blocks they had released (from the
-  // cache) or roll back too; the result says how many tokens must be computed again.
+  // cache) or roll back too; the result says how many tokens must be computed again. Refused
+  // while a step is open and for n beyond max(known tokens, computed positions).
   Result<TruncateResult> Truncate(RequestId id, int64_t n);
   // Ends a request and releases everything it holds (an open step is abandoned).
   Status Free(RequestId id);

@@ -18,7 +18,7 @@ using RequestId = uint64_t;
 
 // A multimodal input occupying prompt positions [position, position + length).
 struct PromptItem {
-  BlockHash content;  // digest of the item's data, computed by the caller
+  BlockHash content;  // digest of the item's data (which fixes its length), from the caller
   int64_t position = 0;
   int64_t length = 0;
 };
@@ -76,9 +76,10 @@ struct StepInfo {
 };
 
 struct TruncateResult {
-  int64_t tokens = 0;     // tokens the request now has (== the n passed in, or fewer if unknown)
+  int64_t tokens = 0;     // known tokens the request now has: min(n, known tokens before)
   int64_t computed = 0;   // positions whose KV and state are still valid
-  int64_t recompute = 0;  // positions in [computed, tokens) the engine must compute again
+  int64_t recompute = 0;  // known positions in [computed, tokens) that had been computed before
+                          // and must be computed again (dropped drafts are not counted)
 };
 
 }  // namespace hkv
