@@ -1,0 +1,70 @@
+// PagedKvCache: the planned buffers (one per page class) holding every layer's K/V, addressed only
+// through the manager's block tables and slot mappings.
+//
+// Contract: Create allocates each page class's buffer as the plan lays it out (num_pages pages of
+// page_bytes, tensors at their TensorView offsets and strides); block b of a pool is page b of
+// its class. ApplyCopies performs a step's copy-on-write copies for every tensor of the copied
+// group. View(manager, id) is a KvStore for one request's open step: positions of the step are
+// written to the slots SlotMapping assigns, earlier positions are read through BlockTable; a read
+// of the null block or of a position outside the table is a failure the store records (and the
+// engine reports), never a silent read of somebody else's data.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <hkv/common/result.h>
+#include <hkv/engine/transformer.h>
+#include <hkv/manager/kv_cache_manager.h>
+#include <hkv/plan/plan.h>
+
+namespace hkv {
+
+class PagedKvCache {
+ public:
+  static Result<PagedKvCache> Create(const Plan& plan);
+
+  void ApplyCopies(std::span<const BlockCopy> copies);
+
+  class StepView : public KvStore {
+   public:
+    float* Key(int32_t layer, int64_t pos) override { return Row(layer, pos, 0); }
+    float* Value(int32_t layer, int64_t pos) override { return Row(layer, pos, 1); }
+    // The first addressing failure, or OK.
+    const Status& status() const { return status_; }
+
+   private:
+    friend class PagedKvCache;
+    float* Row(int32_t layer, int64_t pos, int which);
+
+    PagedKvCache* cache_ = nullptr;
+    int64_t begin_ = 0, end_ = 0;
+    std::vector<std::span<const int32_t>> tables_;  // per group
+    std::vector<std::vector<int64_t>> slots_;       // per group, positions [begin, end)
+    Status status_;
+    std::vector<float> scratch_;  // returned after a failure so the forward pass can finish
+  };
+
+  // Views of request `id`'s open step.
+  Result<std::unique_ptr<StepView>> View(const KvCacheManager& manager, RequestId id);
+
+  int32_t group_of_layer(int32_t layer) const {
+    return group_of_layer_[static_cast<size_t>(layer)];
+  }
+
+ private:
+  struct LayerTensors {
+    int32_t k = -1, v = -1;  // indices into plan_.layout.tensors
+  };
+  explicit PagedKvCache(const Plan& plan);
+
+  Plan plan_;
+  std::vector<std::vector<unsigned char>> buffers_;  // per page class
+  std::vector<int32_t> group_of_layer_;              // per LayerSpec; -1: owns no cache
+  std::vector<LayerTensors> tensors_;                // per LayerSpec
+};
+
+}  // namespace hkv

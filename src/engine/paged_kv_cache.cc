@@ -1,0 +1,115 @@
+#include <cstring>
+#include <limits>
+
+#include <fmt/format.h>
+
+#include <hkv/engine/paged_kv_cache.h>
+
+namespace hkv {
+
+PagedKvCache::PagedKvCache(const Plan& plan) : plan_(plan) {}
+
+Result<PagedKvCache> PagedKvCache::Create(const Plan& plan) {
+  PagedKvCache c(plan);
+  for (const PageClass& pc : plan.page_classes) {
+    const int64_t bytes = pc.num_pages * pc.page_bytes;
+    if (bytes > (int64_t{1} << 32)) {
+      return Status::ResourceExhausted(fmt::format(
+          "paged cache: page class {} needs {} bytes; plan the tiny model with a smaller budget",
+          pc.id, bytes));
+    }
+    c.buffers_.emplace_back(static_cast<size_t>(bytes));
+  }
+  c.group_of_layer_.assign(plan.model.layers.size(), -1);
+  c.tensors_.resize(plan.model.layers.size());
+  for (const KvGroup& g : plan.groups) {
+    for (int32_t l : g.layers)
+      c.group_of_layer_[static_cast<size_t>(l)] = g.id;
+  }
+  for (size_t t = 0; t < plan.layout.tensors.size(); ++t) {
+    const TensorView& v = plan.layout.tensors[t];
+    if (v.dtype != DType::kFP32) {
+      return Status::Unsupported(fmt::format(
+          "paged cache: layer {} tensor {} is {}, the reference engine computes in fp32", v.layer,
+          v.name, DTypeName(v.dtype)));
+    }
+    LayerTensors& lt = c.tensors_[static_cast<size_t>(v.layer)];
+    if (v.name == "k") lt.k = static_cast<int32_t>(t);
+    if (v.name == "v") lt.v = static_cast<int32_t>(t);
+  }
+  return c;
+}
+
+void PagedKvCache::ApplyCopies(std::span<const BlockCopy> copies) {
+  for (const BlockCopy& c : copies) {
+    const KvGroup& g = plan_.groups[static_cast<size_t>(c.group)];
+    for (int32_t l : g.layers) {
+      for (int32_t t : {tensors_[static_cast<size_t>(l)].k, tensors_[static_cast<size_t>(l)].v}) {
+        if (t < 0) continue;
+        const TensorView& v = plan_.layout.tensors[static_cast<size_t>(t)];
+        unsigned char* base = buffers_[static_cast<size_t>(v.page_class)].data() + v.offset;
+        std::memmove(base + c.dst * v.block_stride, base + c.src * v.block_stride,
+                     static_cast<size_t>(v.bytes));
+      }
+    }
+  }
+}
+
+Result<std::unique_ptr<PagedKvCache::StepView>> PagedKvCache::View(const KvCacheManager& manager,
+                                                                   RequestId id) {
+  HKV_ASSIGN_OR_RETURN(const StepInfo step, manager.Step(id));
+  auto view = std::make_unique<StepView>();
+  view->cache_ = this;
+  view->begin_ = step.begin;
+  view->end_ = step.end;
+  for (const KvGroup& g : plan_.groups) {
+    std::span<const int32_t> table;
+    std::vector<int64_t> slots;
+    if (g.rule.keeps_tokens() && g.rule.kind != TokenRuleKind::kEncoder) {
+      HKV_ASSIGN_OR_RETURN(table, manager.BlockTable(id, g.id));
+      HKV_RETURN_IF_ERROR(manager.SlotMapping(id, g.id, step.begin, step.end, slots));
+    }
+    view->tables_.push_back(table);
+    view->slots_.push_back(std::move(slots));
+  }
+  return view;
+}
+
+float* PagedKvCache::StepView::Row(int32_t layer, int64_t pos, int which) {
+  const PagedKvCache& c = *cache_;
+  const int32_t g = c.group_of_layer_[static_cast<size_t>(layer)];
+  const LayerTensors& lt = c.tensors_[static_cast<size_t>(layer)];
+  const int32_t t = which == 0 ? lt.k : lt.v;
+  const auto fail = [&](std::string why) {
+    if (status_.ok()) {
+      status_ = Status::FailedPrecondition(
+          fmt::format("paged cache: layer {} position {}: {}", layer, pos, why));
+    }
+    scratch_.assign(4096, std::numeric_limits<float>::quiet_NaN());
+    return scratch_.data();
+  };
+  if (g < 0 || t < 0) return fail("the layer owns no cache tensor");
+  const KvGroup& group = c.plan_.groups[static_cast<size_t>(g)];
+  const int64_t bs = group.block_tokens;
+  int64_t block = 0, offset = 0;
+  if (pos >= begin_ && pos < end_) {
+    const int64_t slot = slots_[static_cast<size_t>(g)][static_cast<size_t>(pos - begin_)];
+    block = slot / bs;
+    offset = slot % bs;
+  } else {
+    const auto& table = tables_[static_cast<size_t>(g)];
+    if (pos < 0 || pos / bs >= static_cast<int64_t>(table.size())) {
+      return fail("outside the block table");
+    }
+    block = table[static_cast<size_t>(pos / bs)];
+    offset = pos % bs;
+    if (block == BlockPool::kNullBlock) return fail("the block table holds the null block");
+  }
+  const TensorView& v = c.plan_.layout.tensors[static_cast<size_t>(t)];
+  const int64_t row_bytes = v.bytes / bs;
+  unsigned char* p = cache_->buffers_[static_cast<size_t>(v.page_class)].data() + v.offset +
+                     block * v.block_stride + offset * row_bytes;
+  return reinterpret_cast<float*>(p);
+}
+
+}  // namespace hkv

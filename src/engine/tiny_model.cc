@@ -1,0 +1,145 @@
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include <hkv/engine/tiny_model.h>
+
+namespace hkv {
+
+Result<ModelSpec> ScaleModel(const ModelSpec& real, const TinyModelOptions& o) {
+  if (o.max_layers < 1 || o.hidden < 8 || o.kv_heads < 1 || o.q_per_kv < 1 || o.head_dim < 2 ||
+      o.head_dim % 2 != 0 || o.window < 1 || o.chunk < 1 || o.vocab < 2) {
+    return Status::InvalidArgument(fmt::format(
+        "tiny model: options out of range (layers {}, hidden {}, kv heads {}, q per kv {}, head "
+        "dim {} (even), window {}, chunk {}, vocab {})",
+        o.max_layers, o.hidden, o.kv_heads, o.q_per_kv, o.head_dim, o.window, o.chunk, o.vocab));
+  }
+  ModelSpec t;
+  t.model_type = real.model_type;
+  t.source = real.source + " (scaled)";
+  t.num_layers = std::min(real.num_layers, o.max_layers);
+  t.hidden_size = o.hidden;
+  t.max_position_embeddings = real.max_position_embeddings;
+  std::vector<int32_t> kept;  // index in t.layers of each kept real LayerSpec, -1 if dropped
+  for (const LayerSpec& l : real.layers) {
+    if (l.layer >= t.num_layers) {
+      kept.push_back(-1);
+      continue;
+    }
+    switch (l.kind) {
+      case LayerKind::kFullAttention:
+      case LayerKind::kSlidingWindow:
+      case LayerKind::kChunkedLocal:
+      case LayerKind::kMlp:
+        break;
+      default:
+        return Status::Unsupported(fmt::format(
+            "tiny model: {} layer {} ({}): the reference engine runs full, sliding-window, "
+            "chunked and MLP layers so far",
+            real.source, l.layer, LayerKindName(l.kind)));
+    }
+    LayerSpec s = l;
+    if (IsAttentionKind(l.kind)) {
+      s.num_kv_heads = o.kv_heads;
+      s.num_q_heads = o.kv_heads * o.q_per_kv;
+      s.head_dim_k = s.head_dim_v = o.head_dim;
+      s.kv_dtype = DType::kFP32;
+      if (l.kind == LayerKind::kSlidingWindow) s.window = o.window;
+      if (l.kind == LayerKind::kChunkedLocal) s.chunk = o.chunk;
+      s.sink_tokens = std::min(l.sink_tokens, 2);
+    }
+    kept.push_back(static_cast<int32_t>(t.layers.size()));
+    t.layers.push_back(s);
+  }
+  // KV sharing: point at the nearest earlier kept layer of the same kind that owns its cache.
+  for (LayerSpec& s : t.layers) {
+    if (s.kv_source_layer < 0) continue;
+    int32_t source = -1;
+    for (const LayerSpec& c : t.layers) {
+      if (c.layer < s.layer && c.kind == s.kind && c.kv_source_layer < 0) source = c.layer;
+    }
+    if (source < 0) {
+      s.kv_source_layer = -1;  // its source was cut away: it owns its cache now
+    } else {
+      s.kv_source_layer = source;
+    }
+  }
+  HKV_RETURN_IF_ERROR(t.Validate());
+  return t;
+}
+
+namespace {
+
+// splitmix64: a tiny generator whose output is fixed by the seed on every platform.
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : s_(seed) {}
+  uint64_t Next() {
+    uint64_t z = (s_ += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  // Uniform in [-scale, scale).
+  float Uniform(float scale) {
+    const double u = static_cast<double>(Next() >> 11) * 0x1.0p-53;
+    return static_cast<float>((2.0 * u - 1.0) * scale);
+  }
+
+ private:
+  uint64_t s_;
+};
+
+Matrix RandomMatrix(Rng& rng, int32_t rows, int32_t cols) {
+  Matrix m{rows, cols, std::vector<float>(static_cast<size_t>(rows) * static_cast<size_t>(cols))};
+  // Scaled so activations keep unit size through the layers.
+  const float scale = 1.0f / std::sqrt(static_cast<float>(cols));
+  for (float& w : m.w)
+    w = rng.Uniform(scale);
+  return m;
+}
+
+std::vector<float> Gains(Rng& rng, int32_t n) {
+  std::vector<float> g(static_cast<size_t>(n));
+  for (float& x : g)
+    x = 1.0f + rng.Uniform(0.1f);
+  return g;
+}
+
+}  // namespace
+
+ModelWeights ModelWeights::Random(const ModelSpec& spec, int32_t vocab, uint64_t seed) {
+  Rng rng(seed);
+  const int32_t h = spec.hidden_size;
+  ModelWeights w;
+  w.vocab = vocab;
+  w.embed = RandomMatrix(rng, vocab, h);
+  for (float& x : w.embed.w)
+    x *= std::sqrt(static_cast<float>(h));  // unit-size embeddings
+  for (const LayerSpec& l : spec.layers) {
+    LayerWeights lw;
+    lw.attn_norm = Gains(rng, h);
+    lw.mlp_norm = Gains(rng, h);
+    if (IsAttentionKind(l.kind)) {
+      lw.wq = RandomMatrix(rng, l.num_q_heads * l.head_dim_k, h);
+      lw.wk = RandomMatrix(rng, l.num_kv_heads * l.head_dim_k, h);
+      lw.wv = RandomMatrix(rng, l.num_kv_heads * l.head_dim_v, h);
+      lw.wo = RandomMatrix(rng, h, l.num_q_heads * l.head_dim_v);
+      if (l.learned_sinks) {
+        for (int32_t i = 0; i < l.num_q_heads; ++i)
+          lw.sink_logits.push_back(rng.Uniform(1.0f));
+      }
+    }
+    const int32_t ffn = 2 * h;
+    lw.w_gate = RandomMatrix(rng, ffn, h);
+    lw.w_up = RandomMatrix(rng, ffn, h);
+    lw.w_down = RandomMatrix(rng, h, ffn);
+    w.layers.push_back(std::move(lw));
+  }
+  w.final_norm = Gains(rng, h);
+  w.lm_head = RandomMatrix(rng, vocab, h);
+  return w;
+}
+
+}  // namespace hkv
