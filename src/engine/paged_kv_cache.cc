@@ -36,6 +36,8 @@ Result<PagedKvCache> PagedKvCache::Create(const Plan& plan) {
     LayerTensors& lt = c.tensors_[static_cast<size_t>(v.layer)];
     if (v.name == "k") lt.k = static_cast<int32_t>(t);
     if (v.name == "v") lt.v = static_cast<int32_t>(t);
+    if (v.name == "conv") lt.conv = static_cast<int32_t>(t);
+    if (v.name == "ssm") lt.ssm = static_cast<int32_t>(t);
   }
   return c;
 }
@@ -71,8 +73,64 @@ Result<std::unique_ptr<PagedKvCache::StepView>> PagedKvCache::View(const KvCache
     }
     view->tables_.push_back(table);
     view->slots_.push_back(std::move(slots));
+    StateStep state;
+    if (g.rule.kind == TokenRuleKind::kState) {
+      HKV_ASSIGN_OR_RETURN(state, manager.State(id, g.id));
+      for (int32_t l : g.layers) {
+        if (state.read != state.write) CopyState(l, state.read, state.write);
+        for (const StateSnapshot& snap : state.snapshots) {
+          if (snap.position == step.begin) CopyState(l, state.write, snap.slot);
+        }
+      }
+    }
+    view->states_.push_back(state);
   }
   return view;
+}
+
+unsigned char* PagedKvCache::BlockOf(int32_t tensor, int32_t block) {
+  const TensorView& v = plan_.layout.tensors[static_cast<size_t>(tensor)];
+  return buffers_[static_cast<size_t>(v.page_class)].data() + v.offset + block * v.block_stride;
+}
+
+// Copies one layer's state tensors between state blocks; block 0 (null) is the zero state.
+void PagedKvCache::CopyState(int32_t layer, int32_t from, int32_t to) {
+  const LayerTensors& lt = tensors_[static_cast<size_t>(layer)];
+  for (int32_t t : {lt.conv, lt.ssm}) {
+    if (t < 0) continue;
+    const auto bytes = static_cast<size_t>(plan_.layout.tensors[static_cast<size_t>(t)].bytes);
+    if (from == BlockPool::kNullBlock) {
+      std::memset(BlockOf(t, to), 0, bytes);
+    } else {
+      std::memmove(BlockOf(t, to), BlockOf(t, from), bytes);
+    }
+  }
+}
+
+float* PagedKvCache::StepView::State(int32_t layer, int which) {
+  PagedKvCache& c = *cache_;
+  const int32_t g = c.group_of_layer_[static_cast<size_t>(layer)];
+  const LayerTensors& lt = c.tensors_[static_cast<size_t>(layer)];
+  const int32_t t = which == 0 ? lt.conv : lt.ssm;
+  if (g < 0 || t < 0) {
+    if (status_.ok()) {
+      status_ = Status::FailedPrecondition(
+          fmt::format("paged cache: layer {} has no state tensor {}", layer, which));
+    }
+    scratch_.assign(1 << 16, 0.0f);
+    return scratch_.data();
+  }
+  return reinterpret_cast<float*>(c.BlockOf(t, states_[static_cast<size_t>(g)].write));
+}
+
+void PagedKvCache::StepView::AfterPosition(int32_t layer, int64_t position) {
+  PagedKvCache& c = *cache_;
+  const int32_t g = c.group_of_layer_[static_cast<size_t>(layer)];
+  if (g < 0) return;
+  const StateStep& st = states_[static_cast<size_t>(g)];
+  for (const StateSnapshot& snap : st.snapshots) {
+    if (snap.position == position) c.CopyState(layer, st.write, snap.slot);
+  }
 }
 
 float* PagedKvCache::StepView::Row(int32_t layer, int64_t pos, int which) {

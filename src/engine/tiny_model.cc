@@ -7,6 +7,46 @@
 
 namespace hkv {
 
+namespace {
+
+// Small recurrent geometry with the state tensors in the shapes engines allocate (see
+// src/spec/layer_geometry.cc): conv keeps d_conv - 1 inputs of every conv channel.
+void ScaleRecurrent(LayerSpec& s, const TinyModelOptions& o) {
+  RecurrentGeometry g;
+  g.d_conv = 4;
+  const int64_t keep = g.d_conv - 1;
+  switch (s.kind) {
+    case LayerKind::kMamba1:
+      g.d_inner = 2 * o.hidden;
+      g.d_state = 4;
+      s.state = {{"conv", {keep, g.d_inner}, DType::kFP32},
+                 {"ssm", {g.d_inner, g.d_state}, DType::kFP32}};
+      break;
+    case LayerKind::kMamba2:
+      g.n_heads = 4;
+      g.head_dim = 8;
+      g.d_inner = g.n_heads * g.head_dim;
+      g.d_state = 8;
+      g.n_groups = 1;
+      s.state = {{"conv", {keep, g.d_inner + 2 * g.n_groups * g.d_state}, DType::kFP32},
+                 {"ssm", {g.n_heads, g.head_dim, g.d_state}, DType::kFP32}};
+      break;
+    default:  // gated DeltaNet
+      g.num_k_heads = 2;
+      g.k_head_dim = 8;
+      g.num_v_heads = 2;
+      g.v_head_dim = 8;
+      s.state = {{"conv",
+                  {keep, 2 * g.num_k_heads * g.k_head_dim + g.num_v_heads * g.v_head_dim},
+                  DType::kFP32},
+                 {"ssm", {g.num_v_heads, g.v_head_dim, g.k_head_dim}, DType::kFP32}};
+      break;
+  }
+  s.recurrent = g;
+}
+
+}  // namespace
+
 Result<ModelSpec> ScaleModel(const ModelSpec& real, const TinyModelOptions& o) {
   if (o.max_layers < 1 || o.hidden < 8 || o.kv_heads < 1 || o.q_per_kv < 1 || o.head_dim < 2 ||
       o.head_dim % 2 != 0 || o.window < 1 || o.chunk < 1 || o.vocab < 2) {
@@ -32,14 +72,18 @@ Result<ModelSpec> ScaleModel(const ModelSpec& real, const TinyModelOptions& o) {
       case LayerKind::kSlidingWindow:
       case LayerKind::kChunkedLocal:
       case LayerKind::kMlp:
+      case LayerKind::kMamba1:
+      case LayerKind::kMamba2:
+      case LayerKind::kGatedDeltaNet:
         break;
       default:
         return Status::Unsupported(fmt::format(
             "tiny model: {} layer {} ({}): the reference engine runs full, sliding-window, "
-            "chunked and MLP layers so far",
+            "chunked, Mamba-1/2, gated DeltaNet and MLP layers so far",
             real.source, l.layer, LayerKindName(l.kind)));
     }
     LayerSpec s = l;
+    if (IsRecurrentKind(l.kind)) ScaleRecurrent(s, o);
     if (IsAttentionKind(l.kind)) {
       s.num_kv_heads = o.kv_heads;
       s.num_q_heads = o.kv_heads * o.q_per_kv;
@@ -131,6 +175,20 @@ ModelWeights ModelWeights::Random(const ModelSpec& spec, int32_t vocab, uint64_t
           lw.sink_logits.push_back(rng.Uniform(1.0f));
       }
     }
+    if (IsRecurrentKind(l.kind)) {
+      // One input projection to the conv channels plus gate and step size, a depthwise conv
+      // kernel, per-channel/head decay, and an output projection; RecurrentWidths says how wide.
+      const RecurrentWidths r = RecurrentWidthsOf(l);
+      lw.w_in = RandomMatrix(rng, r.conv + r.gate + r.heads, h);
+      lw.conv_kernel.resize(static_cast<size_t>(r.conv) * static_cast<size_t>(l.recurrent.d_conv));
+      for (float& x : lw.conv_kernel)
+        x = rng.Uniform(0.5f);
+      for (int32_t i = 0; i < r.heads; ++i) {
+        lw.decay.push_back(rng.Uniform(1.0f));
+        lw.skip.push_back(rng.Uniform(1.0f));
+      }
+      lw.w_out = RandomMatrix(rng, h, r.gate);
+    }
     const int32_t ffn = 2 * h;
     lw.w_gate = RandomMatrix(rng, ffn, h);
     lw.w_up = RandomMatrix(rng, ffn, h);
@@ -140,6 +198,31 @@ ModelWeights ModelWeights::Random(const ModelSpec& spec, int32_t vocab, uint64_t
   w.final_norm = Gains(rng, h);
   w.lm_head = RandomMatrix(rng, vocab, h);
   return w;
+}
+
+RecurrentWidths RecurrentWidthsOf(const LayerSpec& l) {
+  const RecurrentGeometry& g = l.recurrent;
+  RecurrentWidths r;
+  switch (l.kind) {
+    case LayerKind::kMamba1:
+      r.conv = g.d_inner;
+      r.gate = g.d_inner;
+      r.heads = g.d_inner;  // a step size per channel
+      break;
+    case LayerKind::kMamba2:
+      r.conv = g.d_inner + 2 * g.n_groups * g.d_state;
+      r.gate = g.d_inner;
+      r.heads = g.n_heads;
+      break;
+    case LayerKind::kGatedDeltaNet:
+      r.conv = 2 * g.num_k_heads * g.k_head_dim + g.num_v_heads * g.v_head_dim;
+      r.gate = g.num_v_heads * g.v_head_dim;
+      r.heads = g.num_v_heads;  // decay and write strength per value head
+      break;
+    default:
+      break;
+  }
+  return r;
 }
 
 }  // namespace hkv

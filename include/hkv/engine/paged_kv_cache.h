@@ -7,7 +7,9 @@
 // group. View(manager, id) is a KvStore for one request's open step: positions of the step are
 // written to the slots SlotMapping assigns, earlier positions are read through BlockTable; a read
 // of the null block or of a position outside the table is a failure the store records (and the
-// engine reports), never a silent read of somebody else's data.
+// engine reports), never a silent read of somebody else's data. Recurrent layers work on the
+// step's write slot: View initialises it from the read slot (the null block reads as the zero
+// state) and copies it into each snapshot slot at its position.
 #pragma once
 
 #include <cstdint>
@@ -33,6 +35,10 @@ class PagedKvCache {
    public:
     float* Key(int32_t layer, int64_t pos) override { return Row(layer, pos, 0); }
     float* Value(int32_t layer, int64_t pos) override { return Row(layer, pos, 1); }
+    // The state lives in the step's write slot (initialised from the read slot, or zero).
+    float* State(int32_t layer, int which) override;
+    // Copies the layer's state into the slot the manager asked for at `position`, if any.
+    void AfterPosition(int32_t layer, int64_t position) override;
     // The first addressing failure, or OK.
     const Status& status() const { return status_; }
 
@@ -44,6 +50,7 @@ class PagedKvCache {
     int64_t begin_ = 0, end_ = 0;
     std::vector<std::span<const int32_t>> tables_;  // per group
     std::vector<std::vector<int64_t>> slots_;       // per group, positions [begin, end)
+    std::vector<StateStep> states_;                 // per group (state groups only)
     Status status_;
     std::vector<float> scratch_;  // returned after a failure so the forward pass can finish
   };
@@ -57,8 +64,10 @@ class PagedKvCache {
 
  private:
   struct LayerTensors {
-    int32_t k = -1, v = -1;  // indices into plan_.layout.tensors
+    int32_t k = -1, v = -1, conv = -1, ssm = -1;  // indices into plan_.layout.tensors
   };
+  unsigned char* BlockOf(int32_t tensor, int32_t block);
+  void CopyState(int32_t layer, int32_t from, int32_t to);
   explicit PagedKvCache(const Plan& plan);
 
   Plan plan_;

@@ -6,8 +6,9 @@
 // kind that owns a cache) — for its first `max_layers` model layers, and replaces every width by
 // the options' small ones, windows and chunks by the options' spans (so they cross several blocks
 // of a test), caches by float32. The result validates and plans like any ModelSpec. Weights are a
-// pure function of (spec, vocab, seed). Layer kinds this runtime cannot execute yet (MLA, cross
-// attention, recurrent) are refused by name.
+// pure function of (spec, vocab, seed). Recurrent layers get a small geometry of their kind with
+// state tensors in the planned shapes. Layer kinds this runtime cannot execute yet (MLA, cross
+// attention) are refused by name.
 #pragma once
 
 #include <cstdint>
@@ -42,7 +43,17 @@ struct LayerWeights {
   Matrix wq, wk, wv, wo;                   // attention (empty for MLP-only layers)
   std::vector<float> sink_logits;          // per query head, learned sinks only
   Matrix w_gate, w_up, w_down;             // SwiGLU MLP of width 2 * hidden
+  // Recurrent mixers (Mamba-1/2, gated DeltaNet).
+  Matrix w_in, w_out;
+  std::vector<float> conv_kernel;  // conv channels x d_conv
+  std::vector<float> decay, skip;  // per step-size head
 };
+
+// Widths of a recurrent mixer's projections: conv channels, gated output width, step-size heads.
+struct RecurrentWidths {
+  int32_t conv = 0, gate = 0, heads = 0;
+};
+RecurrentWidths RecurrentWidthsOf(const LayerSpec& layer);
 
 struct ModelWeights {
   int32_t vocab = 0;

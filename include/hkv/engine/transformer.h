@@ -7,7 +7,9 @@
 // computed position. Attention follows each layer's rule: full (every earlier position), sliding
 // window (the last `window` positions plus `sink_tokens` first ones), chunked local (the current
 // chunk), learned per-head sink logits, RoPE unless the layer is NoPE, and KV-shared layers read
-// their source layer's entries.
+// their source layer's entries. Recurrent layers (Mamba-1, Mamba-2, gated DeltaNet stand-ins with
+// the planned state shapes) run a causal depthwise conv over their conv state and a decaying
+// state update over their ssm state, token by token.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +28,11 @@ class KvStore {
   // a cache-owning layer) at position `pos`.
   virtual float* Key(int32_t layer, int64_t pos) = 0;
   virtual float* Value(int32_t layer, int64_t pos) = 0;
+  // Recurrent layer `layer`'s working state tensor `which` (0: conv, 1: ssm). When the pass
+  // starts it holds the state after `begin` tokens; the pass updates it in place.
+  virtual float* State(int32_t layer, int which) = 0;
+  // The pass has run recurrent layer `layer` over the first `position` tokens.
+  virtual void AfterPosition(int32_t layer, int64_t position) = 0;
 };
 
 std::vector<float> Forward(const ModelSpec& spec, const ModelWeights& weights,
