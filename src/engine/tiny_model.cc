@@ -58,15 +58,29 @@ Result<ModelSpec> ScaleModel(const ModelSpec& real, const TinyModelOptions& o) {
   ModelSpec t;
   t.model_type = real.model_type;
   t.source = real.source + " (scaled)";
-  t.num_layers = std::min(real.num_layers, o.max_layers);
   t.hidden_size = o.hidden;
   t.max_position_embeddings = real.max_position_embeddings;
-  std::vector<int32_t> kept;  // index in t.layers of each kept real LayerSpec, -1 if dropped
+  // The first max_layers model layers, plus the first layer of every kind they lack (Bamba's
+  // first attention layer is its tenth), renumbered consecutively.
+  std::vector<int32_t> keep;
+  for (int32_t i = 0; i < std::min(real.num_layers, o.max_layers); ++i)
+    keep.push_back(i);
   for (const LayerSpec& l : real.layers) {
-    if (l.layer >= t.num_layers) {
-      kept.push_back(-1);
-      continue;
-    }
+    const bool covered =
+        std::any_of(real.layers.begin(), real.layers.end(), [&](const LayerSpec& k) {
+          return k.kind == l.kind && std::find(keep.begin(), keep.end(), k.layer) != keep.end();
+        });
+    if (!covered) keep.push_back(l.layer);
+  }
+  std::sort(keep.begin(), keep.end());
+  keep.erase(std::unique(keep.begin(), keep.end()), keep.end());
+  t.num_layers = static_cast<int32_t>(keep.size());
+  const auto renumber = [&](int32_t layer) {
+    const auto it = std::find(keep.begin(), keep.end(), layer);
+    return it == keep.end() ? -1 : static_cast<int32_t>(it - keep.begin());
+  };
+  for (const LayerSpec& l : real.layers) {
+    if (renumber(l.layer) < 0) continue;
     switch (l.kind) {
       case LayerKind::kFullAttention:
       case LayerKind::kSlidingWindow:
@@ -83,6 +97,10 @@ Result<ModelSpec> ScaleModel(const ModelSpec& real, const TinyModelOptions& o) {
             real.source, l.layer, LayerKindName(l.kind)));
     }
     LayerSpec s = l;
+    s.layer = renumber(l.layer);
+    // -2 marks a shared layer whose source was cut away.
+    s.kv_source_layer = l.kv_source_layer < 0 ? -1 : renumber(l.kv_source_layer);
+    if (l.kv_source_layer >= 0 && s.kv_source_layer < 0) s.kv_source_layer = -2;
     if (IsRecurrentKind(l.kind)) ScaleRecurrent(s, o);
     if (IsAttentionKind(l.kind)) {
       s.num_kv_heads = o.kv_heads;
@@ -93,20 +111,17 @@ Result<ModelSpec> ScaleModel(const ModelSpec& real, const TinyModelOptions& o) {
       if (l.kind == LayerKind::kChunkedLocal) s.chunk = o.chunk;
       s.sink_tokens = std::min(l.sink_tokens, 2);
     }
-    kept.push_back(static_cast<int32_t>(t.layers.size()));
     t.layers.push_back(s);
   }
-  // KV sharing: point at the nearest earlier kept layer of the same kind that owns its cache.
+  // A shared layer whose source was cut reads the nearest earlier kept layer of its kind that
+  // owns a cache, or owns its own cache when there is none.
   for (LayerSpec& s : t.layers) {
-    if (s.kv_source_layer < 0) continue;
-    int32_t source = -1;
+    if (s.kv_source_layer != -2) continue;
+    s.kv_source_layer = -1;
     for (const LayerSpec& c : t.layers) {
-      if (c.layer < s.layer && c.kind == s.kind && c.kv_source_layer < 0) source = c.layer;
-    }
-    if (source < 0) {
-      s.kv_source_layer = -1;  // its source was cut away: it owns its cache now
-    } else {
-      s.kv_source_layer = source;
+      if (c.layer < s.layer && c.kind == s.kind && c.kv_source_layer == -1) {
+        s.kv_source_layer = c.layer;
+      }
     }
   }
   HKV_RETURN_IF_ERROR(t.Validate());

@@ -2,8 +2,9 @@
 // seeded random weights that make it a deterministic function.
 //
 // Contract: ScaleModel keeps the layer pattern of `real` — kinds, their order, NoPE and learned
-// sinks, KV sharing (a shared layer's source is remapped to the nearest kept layer of the same
-// kind that owns a cache) — for its first `max_layers` model layers, and replaces every width by
+// sinks, KV sharing (a shared layer whose source is cut reads the nearest kept layer of the same
+// kind that owns a cache) — for its first `max_layers` model layers plus the first layer of every
+// kind those lack (renumbered consecutively), and replaces every width by
 // the options' small ones, windows and chunks by the options' spans (so they cross several blocks
 // of a test), caches by float32. The result validates and plans like any ModelSpec. Weights are a
 // pure function of (spec, vocab, seed). Recurrent layers get a small geometry of their kind with

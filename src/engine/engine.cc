@@ -1,0 +1,327 @@
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include <hkv/engine/engine.h>
+#include <hkv/engine/transformer.h>
+
+namespace hkv {
+namespace {
+
+double NextUniform(uint64_t& s) {
+  uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return static_cast<double>(z >> 11) * 0x1.0p-53;
+}
+
+// The token whose softmax interval contains `u`.
+int32_t PickByDraw(std::span<const float> logits, double u) {
+  const float mx = *std::max_element(logits.begin(), logits.end());
+  double total = 0.0;
+  for (float l : logits)
+    total += std::exp(static_cast<double>(l - mx));
+  double acc = 0.0;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    acc += std::exp(static_cast<double>(logits[i] - mx)) / total;
+    if (u < acc) return static_cast<int32_t>(i);
+  }
+  return static_cast<int32_t>(logits.size() - 1);
+}
+
+// The draft rule: cheap, deterministic, right often enough on tiny random models to exercise
+// both acceptance and rejection.
+int32_t Draft(int32_t previous, int32_t vocab) {
+  return (previous * 7 + 3) % vocab;
+}
+
+}  // namespace
+
+Engine::Engine(const ModelSpec& spec, const ModelWeights& weights, KvCacheManager manager,
+               PagedKvCache cache, const EngineOptions& options)
+    : spec_(spec),
+      weights_(weights),
+      manager_(std::make_unique<KvCacheManager>(std::move(manager))),
+      cache_(std::move(cache)),
+      options_(options) {
+  for (const GroupConfig& g : manager_->config().groups)
+    has_state_ = has_state_ || g.is_state();
+}
+
+Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& spec, const ModelWeights& weights,
+                                               const Plan& plan, const ManagerConfig& config,
+                                               const EngineOptions& options) {
+  if (options.token_budget < 1 || options.chunk < 1 || options.draft_tokens < 0) {
+    return Status::InvalidArgument(
+        fmt::format("engine: token budget {} and chunk {} must be >= 1, draft tokens {} >= 0",
+                    options.token_budget, options.chunk, options.draft_tokens));
+  }
+  HKV_ASSIGN_OR_RETURN(KvCacheManager manager, KvCacheManager::Create(config));
+  HKV_ASSIGN_OR_RETURN(PagedKvCache cache, PagedKvCache::Create(plan));
+  return std::unique_ptr<Engine>(
+      new Engine(spec, weights, std::move(manager), std::move(cache), options));
+}
+
+Status Engine::Submit(const GenerationRequest& request) {
+  if (request.prompt.empty() || request.max_new_tokens < 1 || request.num_samples < 1) {
+    return Status::InvalidArgument(
+        fmt::format("engine: request {}: needs a prompt, max_new_tokens >= 1 and num_samples >= 1",
+                    request.id));
+  }
+  auto r = std::make_unique<Live>();
+  r->seq.id = request.id;
+  r->seq.tokens = request.prompt;
+  r->seq.prompt_len = static_cast<int64_t>(request.prompt.size());
+  r->seq.greedy = request.greedy;
+  r->max_new_tokens = request.max_new_tokens;
+  r->num_samples = request.num_samples;
+  r->rng = request.seed;
+  waiting_.push_back(std::move(r));
+  return Status::Ok();
+}
+
+int64_t Engine::WindowNulls(RequestId id) const {
+  int64_t nulls = 0;
+  const auto& groups = manager_->config().groups;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const TokenRuleKind k = groups[g].rule.kind;
+    if (k != TokenRuleKind::kWindow && k != TokenRuleKind::kChunk) continue;
+    auto table = manager_->BlockTable(id, static_cast<int32_t>(g));
+    if (!table.ok()) continue;
+    nulls += std::count(table->begin(), table->end(), BlockPool::kNullBlock);
+  }
+  return nulls;
+}
+
+Status Engine::Admit(Live& r) {
+  RequestSpec spec;
+  spec.id = r.seq.id;
+  spec.prompt = r.seq.tokens;
+  HKV_RETURN_IF_ERROR(manager_->AddRequest(spec));
+  r.admitted = true;
+  return Status::Ok();
+}
+
+// Frees `victim` and puts it at the front of the queue with all its known tokens.
+Status Engine::Preempt(const Live* victim) {
+  auto it = std::find_if(running_.begin(), running_.end(),
+                         [&](const auto& p) { return p.get() == victim; });
+  std::unique_ptr<Live> v = std::move(*it);
+  running_.erase(it);
+  HKV_RETURN_IF_ERROR(manager_->Free(v->seq.id));
+  v->admitted = false;
+  v->started = false;
+  ++counters_.preemptions;
+  preempted_this_step_ = true;
+  waiting_.push_front(std::move(v));
+  return Status::Ok();
+}
+
+int32_t Engine::Sample(Live& r, std::span<const float> logits, int64_t pos) {
+  if (r.seq.greedy) return Argmax(logits);
+  const double u = NextUniform(r.rng);
+  r.seq.draws[pos] = u;
+  return PickByDraw(logits, u);
+}
+
+Status Engine::FinishOrSample(Live& r, const std::vector<float>& last_logits, int64_t pos) {
+  std::vector<Live*> samplers{&r};
+  if (r.num_samples > 1 && !r.forked) {
+    r.forked = true;
+    for (int32_t s = 1; s < r.num_samples; ++s) {
+      auto child = std::make_unique<Live>(r);
+      child->seq.id = r.seq.id + static_cast<RequestId>(s);
+      child->rng = r.rng + 0x1000u * static_cast<uint64_t>(s);
+      HKV_RETURN_IF_ERROR(manager_->Fork(r.seq.id, child->seq.id));
+      ++counters_.forks;
+      samplers.push_back(child.get());
+      running_.push_back(std::move(child));
+    }
+  }
+  for (Live* s : samplers) {
+    const int32_t next = Sample(*s, last_logits, pos + 1);
+    s->seq.tokens.push_back(next);
+    HKV_RETURN_IF_ERROR(manager_->AppendTokens(s->seq.id, {&next, 1}));
+  }
+  return Status::Ok();
+}
+
+Result<bool> Engine::RunStep(Live& r, int64_t n, const std::vector<int32_t>& drafts) {
+  const RequestId id = r.seq.id;
+  const PrefixHit hit = r.started ? PrefixHit{} : r.pending;
+  const int64_t total = n + static_cast<int64_t>(drafts.size());
+  // Out of blocks: preempt the newest request admitted after this one and retry; if this one is
+  // the newest, it yields itself. The oldest request therefore always makes progress.
+  for (;;) {
+    const Status st = manager_->Allocate(id, total, hit);
+    if (st.code() != StatusCode::kResourceExhausted) {
+      HKV_RETURN_IF_ERROR(st);
+      break;
+    }
+    if (running_.back().get() != &r) {
+      HKV_RETURN_IF_ERROR(Preempt(running_.back().get()));
+      continue;
+    }
+    if (running_.size() == 1) {
+      std::string pools;
+      for (size_t p = 0; p < manager_->config().pool_blocks.size(); ++p) {
+        const PoolUsage u = manager_->Usage(static_cast<int32_t>(p));
+        pools += fmt::format(" pool {}: {} of {} blocks free;", p, u.num_free, u.num_blocks);
+      }
+      return Status::ResourceExhausted(
+          fmt::format("engine: request {} does not fit in the cache on its own: {};{}", id,
+                      st.message(), pools));
+    }
+    HKV_RETURN_IF_ERROR(Preempt(&r));
+    return false;
+  }
+  r.started = true;
+  if (hit.tokens > 0) {
+    counters_.prefix_hit_tokens += hit.tokens;
+    if (has_state_) ++counters_.checkpoint_hits;
+  }
+  HKV_ASSIGN_OR_RETURN(const StepInfo step, manager_->Step(id));
+  cache_.ApplyCopies(step.copies);
+  HKV_ASSIGN_OR_RETURN(auto view, cache_.View(*manager_, id));
+  std::vector<int32_t> tokens = r.seq.tokens;
+  tokens.insert(tokens.end(), drafts.begin(), drafts.end());
+  const std::vector<float> logits = Forward(spec_, weights_, tokens, step.begin, step.end, *view);
+  HKV_RETURN_IF_ERROR(view->status());
+  const auto vocab = static_cast<size_t>(weights_.vocab);
+  const auto row = [&](int64_t p) {
+    const auto at = static_cast<ptrdiff_t>(static_cast<size_t>(p - step.begin) * vocab);
+    return std::vector<float>(logits.begin() + at,
+                              logits.begin() + at + static_cast<ptrdiff_t>(vocab));
+  };
+  const int64_t nulls_before = WindowNulls(id);
+  int64_t commit_at = step.end;
+  int64_t accepted = 0;
+  if (!drafts.empty()) {
+    // Position begin is the last known token; its logits judge the first draft, and so on.
+    while (accepted < static_cast<int64_t>(drafts.size()) &&
+           Argmax(row(step.begin + accepted)) == drafts[static_cast<size_t>(accepted)]) {
+      ++accepted;
+    }
+    counters_.drafts_accepted += accepted;
+    counters_.drafts_rejected += static_cast<int64_t>(drafts.size()) - accepted;
+    commit_at = step.begin + 1 + accepted;
+  }
+  if (commit_at < step.end && (truncate_toggle_++ % 2 == 1)) {
+    HKV_RETURN_IF_ERROR(manager_->Commit(id, step.end));
+    HKV_ASSIGN_OR_RETURN(const TruncateResult t, manager_->Truncate(id, commit_at));
+    ++counters_.truncations;
+    if (t.computed != commit_at) {
+      return Status::FailedPrecondition(fmt::format(
+          "engine: truncate of request {} to {} kept only {}", id, commit_at, t.computed));
+    }
+  } else {
+    HKV_RETURN_IF_ERROR(manager_->Commit(id, commit_at));
+  }
+  counters_.window_blocks_freed += std::max<int64_t>(0, WindowNulls(id) - nulls_before);
+  for (int64_t p = step.begin; p < commit_at; ++p)
+    r.seq.logits[p] = row(p);
+  for (int64_t a = 0; a < accepted; ++a) {
+    const int32_t t = drafts[static_cast<size_t>(a)];
+    r.seq.tokens.push_back(t);
+    HKV_RETURN_IF_ERROR(manager_->AppendTokens(id, {&t, 1}));
+  }
+  if (commit_at == static_cast<int64_t>(r.seq.tokens.size())) {
+    r.prefilled = true;
+    HKV_RETURN_IF_ERROR(FinishOrSample(r, row(commit_at - 1), commit_at - 1));
+  }
+  return true;
+}
+
+Status Engine::Step() {
+  ++counters_.steps;
+  // Admit a couple of waiting requests per step, none right after a step that had to preempt:
+  // memory is short, and a request admitted now would only be preempted again.
+  for (int admitted = 0;
+       !waiting_.empty() && admitted < 2 && (!preempted_this_step_ || running_.empty());
+       ++admitted) {
+    std::unique_ptr<Live> r = std::move(waiting_.front());
+    waiting_.pop_front();
+    HKV_RETURN_IF_ERROR(Admit(*r));
+    running_.push_back(std::move(r));
+  }
+  preempted_this_step_ = false;
+  int64_t budget = options_.token_budget;
+  // Snapshot the order: preemption and forks change running_ during the loop.
+  std::vector<Live*> order;
+  for (auto& r : running_)
+    order.push_back(r.get());
+  for (Live* r : order) {
+    if (budget <= 0) break;
+    const bool still_running =
+        std::any_of(running_.begin(), running_.end(), [&](const auto& p) { return p.get() == r; });
+    if (!still_running) continue;
+    const RequestId id = r->seq.id;
+    const int64_t known = static_cast<int64_t>(r->seq.tokens.size());
+    if (!r->started) {
+      // A hit stays valid until the next mutating call, so look up right before allocating.
+      HKV_ASSIGN_OR_RETURN(r->pending, manager_->Lookup(id));
+    }
+    const int64_t computed = r->started ? manager_->NumComputed(id).value() : r->pending.tokens;
+    std::vector<int32_t> drafts;
+    int64_t n = known - computed;
+    if (n > 1 || !r->prefilled) {
+      n = std::min({n, options_.chunk, budget});
+    } else if (r->seq.greedy && options_.draft_tokens > 0) {
+      const int64_t room = std::min<int64_t>({options_.draft_tokens, budget - 1,
+                                              r->max_new_tokens - (known - r->seq.prompt_len) - 1,
+                                              manager_->config().max_model_len - known - 1});
+      int32_t prev = r->seq.tokens.back();
+      for (int64_t i = 0; i < room; ++i) {
+        prev = Draft(prev, weights_.vocab);
+        drafts.push_back(prev);
+      }
+    }
+    HKV_ASSIGN_OR_RETURN(const bool ran, RunStep(*r, n, drafts));
+    if (!ran) continue;
+    budget -= n + static_cast<int64_t>(drafts.size());
+    if (static_cast<int64_t>(r->seq.tokens.size()) - r->seq.prompt_len >= r->max_new_tokens &&
+        r->prefilled) {
+      HKV_RETURN_IF_ERROR(manager_->Free(id));
+      finished_.push_back(r->seq);
+      std::erase_if(running_, [&](const auto& p) { return p.get() == r; });
+    }
+  }
+  return Status::Ok();
+}
+
+DenseCheck CheckAgainstDense(const ModelSpec& spec, const ModelWeights& weights,
+                             const Sequence& seq, float tolerance) {
+  DenseCheck c;
+  const std::vector<float> dense = DenseLogits(spec, weights, seq.tokens);
+  const auto vocab = static_cast<size_t>(weights.vocab);
+  const auto dense_row = [&](int64_t p) {
+    return std::span<const float>(dense.data() + static_cast<size_t>(p) * vocab, vocab);
+  };
+  for (const auto& [p, row] : seq.logits) {
+    float worst = 0.0f;
+    const auto d = dense_row(p);
+    for (size_t i = 0; i < vocab; ++i)
+      worst = std::max(worst, std::fabs(row[i] - d[i]));
+    c.max_logit_diff = std::max(c.max_logit_diff, worst);
+    if (!(worst <= tolerance)) ++c.mismatches;
+  }
+  for (int64_t p = seq.prompt_len; p < static_cast<int64_t>(seq.tokens.size()); ++p) {
+    int32_t want = 0;
+    if (seq.greedy) {
+      want = Argmax(dense_row(p - 1));
+    } else {
+      auto draw = seq.draws.find(p);
+      if (draw == seq.draws.end()) {
+        ++c.mismatches;
+        continue;
+      }
+      want = PickByDraw(dense_row(p - 1), draw->second);
+    }
+    if (want != seq.tokens[static_cast<size_t>(p)]) ++c.mismatches;
+  }
+  return c;
+}
+
+}  // namespace hkv

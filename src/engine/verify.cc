@@ -1,0 +1,152 @@
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include <hkv/engine/transformer.h>
+#include <hkv/engine/verify.h>
+#include <hkv/plan/plan.h>
+
+namespace hkv {
+namespace {
+
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : s_(seed) {}
+  uint64_t Next() {
+    uint64_t z = (s_ += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  int32_t Below(int32_t n) { return static_cast<int32_t>(Next() % static_cast<uint64_t>(n)); }
+
+ private:
+  uint64_t s_;
+};
+
+std::vector<int32_t> Tokens(Rng& rng, int32_t n, int32_t vocab) {
+  std::vector<int32_t> t;
+  for (int32_t i = 0; i < n; ++i)
+    t.push_back(rng.Below(vocab));
+  return t;
+}
+
+constexpr int64_t kMaxModelLen = 192;
+
+}  // namespace
+
+Result<VerifyReport> RunVerify(const ModelSpec& real, const VerifyOptions& o) {
+  if (o.requests < 1 || o.max_steps < 1) {
+    return Status::InvalidArgument(
+        fmt::format("verify: requests {} and steps {} must be >= 1", o.requests, o.max_steps));
+  }
+  TinyModelOptions tiny_options;
+  HKV_ASSIGN_OR_RETURN(const ModelSpec spec, ScaleModel(real, tiny_options));
+  const ModelWeights weights = ModelWeights::Random(spec, tiny_options.vocab, o.seed ^ 0x5eed);
+  PlanOptions po;
+  po.block_tokens = o.block_tokens;
+  po.max_model_len = kMaxModelLen;
+  po.memory_bytes = o.memory_bytes;
+  po.seq_tokens = 96;  // size page classes for this workload's sequences
+  if (po.memory_bytes == 0) {
+    // About three sequences of 96 tokens: enough to run, too little to run everything admitted
+    // at once.
+    PlanOptions probe = po;
+    probe.memory_bytes = int64_t{64} << 20;
+    HKV_ASSIGN_OR_RETURN(const Plan sizing, MakePlan(spec, probe));
+    po.memory_bytes = 3 * sizing.FootprintOf(96, 0).hybridkv_bytes;
+    // A class shared by states and tokens also needs room for each sequence's spare states.
+    for (const PageClass& pc : sizing.page_classes) {
+      bool states = false, tokens = false;
+      for (int32_t g : pc.groups) {
+        const bool st = sizing.groups[static_cast<size_t>(g)].rule.kind == TokenRuleKind::kState;
+        states = states || st;
+        tokens = tokens || !st;
+      }
+      if (states && tokens) po.memory_bytes += 3 * 6 * pc.page_bytes;
+    }
+  }
+  HKV_ASSIGN_OR_RETURN(Plan plan, MakePlan(spec, po));
+  // The plan splits memory between page classes in proportion to one sequence's needs: one
+  // state per sequence. A request here holds up to ~6 (live, write, rolling, draft snapshots,
+  // checkpoints), so a class holding only states gets at least 8 per sequence of the budget.
+  // Safe with the canonical layout, where a page is one contiguous block of the buffer.
+  for (PageClass& pc : plan.page_classes) {
+    bool states_only = true;
+    for (int32_t g : pc.groups) {
+      states_only =
+          states_only && plan.groups[static_cast<size_t>(g)].rule.kind == TokenRuleKind::kState;
+    }
+    bool canonical = true;
+    for (const TensorView& v : plan.layout.tensors) {
+      if (v.page_class == pc.id) {
+        canonical =
+            canonical && v.block_stride == pc.page_bytes && v.offset + v.bytes <= pc.page_bytes;
+      }
+    }
+    if (states_only && canonical) pc.num_pages = std::max<int64_t>(pc.num_pages, 24);
+  }
+  HKV_ASSIGN_OR_RETURN(ManagerConfig config, ManagerConfig::FromPlan(plan));
+  config.checkpoint_interval = 2 * config.align_tokens();
+  EngineOptions eo;
+  eo.token_budget = 48;
+  eo.chunk = 12;
+  eo.draft_tokens = 2;
+  HKV_ASSIGN_OR_RETURN(auto engine, Engine::Create(spec, weights, plan, config, eo));
+
+  Rng rng(o.seed);
+  const int32_t vocab = tiny_options.vocab;
+  std::vector<std::vector<int32_t>> system_prompts;
+  for (int i = 0; i < 3; ++i)
+    system_prompts.push_back(Tokens(rng, 16 + rng.Below(24), vocab));
+  RequestId next_id = 1;
+  int32_t submitted = 0;
+  size_t continued = 0;  // finished sequences already continued as a next turn
+  VerifyReport report;
+  report.model = real.source;
+  const auto submit = [&](std::vector<int32_t> prompt) -> Status {
+    GenerationRequest g;
+    g.id = next_id;
+    g.prompt = std::move(prompt);
+    g.max_new_tokens = 4 + rng.Below(12);
+    g.num_samples = rng.Below(4) == 0 ? 2 : 1;
+    g.greedy = g.num_samples == 1 && rng.Below(3) != 0;
+    g.seed = rng.Next();
+    next_id += 16;  // room for forked siblings
+    ++submitted;
+    return engine->Submit(g);
+  };
+  while (report.steps < o.max_steps) {
+    // Keep a few requests in flight; continue finished conversations as new turns.
+    while (submitted < o.requests && submitted < 4 + report.steps / 2) {
+      const auto& done = engine->finished();
+      std::vector<int32_t> prompt;
+      if (continued < done.size() && rng.Below(3) == 0 &&
+          static_cast<int64_t>(done[continued].tokens.size()) + 40 < kMaxModelLen - 24) {
+        prompt = done[continued++].tokens;
+        const auto more = Tokens(rng, 4 + rng.Below(12), vocab);
+        prompt.insert(prompt.end(), more.begin(), more.end());
+      } else {
+        prompt = system_prompts[static_cast<size_t>(rng.Below(3))];
+        const auto user = Tokens(rng, 1 + rng.Below(40), vocab);
+        prompt.insert(prompt.end(), user.begin(), user.end());
+      }
+      HKV_RETURN_IF_ERROR(submit(std::move(prompt)));
+    }
+    if (submitted >= o.requests && engine->idle()) break;
+    HKV_RETURN_IF_ERROR(engine->Step());
+    ++report.steps;
+  }
+  report.completed = submitted >= o.requests && engine->idle();
+  for (const Sequence& seq : engine->finished()) {
+    const DenseCheck c = CheckAgainstDense(spec, weights, seq);
+    report.mismatches += c.mismatches;
+    report.max_logit_diff = std::max(report.max_logit_diff, c.max_logit_diff);
+  }
+  report.requests = static_cast<int64_t>(engine->finished().size());
+  report.features = engine->counters();
+  HKV_RETURN_IF_ERROR(engine->manager().CheckInvariants());
+  return report;
+}
+
+}  // namespace hkv
