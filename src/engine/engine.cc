@@ -31,9 +31,14 @@ int32_t PickByDraw(std::span<const float> logits, double u) {
   return static_cast<int32_t>(logits.size() - 1);
 }
 
-// The draft rule: cheap, deterministic, right often enough on tiny random models to exercise
-// both acceptance and rejection.
-int32_t Draft(int32_t previous, int32_t vocab) {
+// The draft rule (prompt-lookup style): the token that followed the latest earlier occurrence of
+// the previous token, else a fixed function of it. Cheap and deterministic; greedy outputs of
+// small random models repeat often enough that both acceptance and rejection happen.
+int32_t Draft(const std::vector<int32_t>& tokens, int32_t vocab) {
+  const int32_t previous = tokens.back();
+  for (size_t i = tokens.size() - 1; i-- > 0;) {
+    if (tokens[i] == previous) return tokens[i + 1];
+  }
   return (previous * 7 + 3) % vocab;
 }
 
@@ -272,10 +277,10 @@ Status Engine::Step() {
       const int64_t room = std::min<int64_t>({options_.draft_tokens, budget - 1,
                                               r->max_new_tokens - (known - r->seq.prompt_len) - 1,
                                               manager_->config().max_model_len - known - 1});
-      int32_t prev = r->seq.tokens.back();
+      std::vector<int32_t> context = r->seq.tokens;
       for (int64_t i = 0; i < room; ++i) {
-        prev = Draft(prev, weights_.vocab);
-        drafts.push_back(prev);
+        drafts.push_back(Draft(context, weights_.vocab));
+        context.push_back(drafts.back());
       }
     }
     HKV_ASSIGN_OR_RETURN(const bool ran, RunStep(*r, n, drafts));

@@ -44,6 +44,7 @@ TEST_P(Verify, RandomWorkloadsMatchDenseAndExerciseEveryFeature) {
     EXPECT_GT(f.preemptions, 0) << what;
     EXPECT_GT(f.forks, 0) << what;
     EXPECT_GT(f.truncations, 0) << what;
+    EXPECT_GT(f.drafts_accepted, 0) << what;
     if (windows) {
       EXPECT_GT(f.window_blocks_freed, 0) << what;
     }

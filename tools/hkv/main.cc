@@ -5,6 +5,7 @@
 
 #include "plan_command.h"
 #include "trace_command.h"
+#include "verify_command.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"hybridkv: KV-cache memory planning and management for hybrid LLMs", "hkv"};
@@ -13,6 +14,8 @@ int main(int argc, char** argv) {
   CLI::App* plan = hkv::cli::AddPlanCommand(app, plan_args);
   hkv::cli::TraceGenArgs trace_args;
   CLI::App* trace_gen = hkv::cli::AddTraceCommand(app, trace_args);
+  hkv::cli::VerifyArgs verify_args;
+  CLI::App* verify = hkv::cli::AddVerifyCommand(app, verify_args);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -20,5 +23,6 @@ int main(int argc, char** argv) {
   }
   if (plan->parsed()) return hkv::cli::RunPlanCommand(plan_args, std::cout, std::cerr);
   if (trace_gen->parsed()) return hkv::cli::RunTraceGen(trace_args, std::cout, std::cerr);
+  if (verify->parsed()) return hkv::cli::RunVerifyCommand(verify_args, std::cout, std::cerr);
   return 1;
 }

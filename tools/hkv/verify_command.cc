@@ -1,0 +1,75 @@
+#include "verify_command.h"
+
+#include <ostream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <hkv/spec/config_loader.h>
+
+namespace hkv::cli {
+
+CLI::App* AddVerifyCommand(CLI::App& app, VerifyArgs& args) {
+  CLI::App* cmd = app.add_subcommand(
+      "verify", "Run a scaled-down model through the managed cache and compare with dense");
+  cmd->add_option("config", args.config, "config.json, or the folder holding it")->required();
+  cmd->add_option("--requests", args.options.requests, "requests to submit")
+      ->check(CLI::Range(1, 100000));
+  cmd->add_option("--seed", args.options.seed, "workload and weight seed");
+  cmd->add_option("--steps", args.options.max_steps, "most scheduler steps")
+      ->check(CLI::Range(int64_t{1}, int64_t{100000000}));
+  cmd->add_option("--memory", args.options.memory_bytes,
+                  "KV memory in bytes (default: about three sequences)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 32));
+  cmd->add_flag("--json", args.json, "print JSON");
+  return cmd;
+}
+
+int RunVerifyCommand(const VerifyArgs& args, std::ostream& out, std::ostream& err) {
+  const LoadOptions fp32{DType::kFP32, DType::kFP32, DType::kFP32};
+  auto model = LoadModelConfig(args.config, fp32);
+  if (!model.ok()) {
+    err << "hkv verify: " << model.status().ToString() << "\n";
+    return 2;
+  }
+  auto report = RunVerify(*model, args.options);
+  if (!report.ok()) {
+    err << "hkv verify: " << report.status().ToString() << "\n";
+    return 2;
+  }
+  const VerifyReport& r = *report;
+  const EngineCounters& f = r.features;
+  if (args.json) {
+    nlohmann::json j;
+    j["model"] = r.model;
+    j["requests"] = r.requests;
+    j["steps"] = r.steps;
+    j["completed"] = r.completed;
+    j["mismatches"] = r.mismatches;
+    j["max_logit_diff"] = r.max_logit_diff;
+    j["features"] = {{"prefix_hit_tokens", f.prefix_hit_tokens},
+                     {"preemptions", f.preemptions},
+                     {"forks", f.forks},
+                     {"truncations", f.truncations},
+                     {"checkpoint_hits", f.checkpoint_hits},
+                     {"window_blocks_freed", f.window_blocks_freed},
+                     {"cross_attention_reuses", r.cross_attention_reuses},
+                     {"drafts_accepted", f.drafts_accepted},
+                     {"drafts_rejected", f.drafts_rejected}};
+    out << j.dump(2) << "\n";
+  } else {
+    out << fmt::format("hkv verify: {} (scaled)\n", r.model);
+    out << fmt::format("  requests {}  steps {}  completed {}\n", r.requests, r.steps,
+                       r.completed ? "yes" : "no");
+    out << fmt::format("  mismatches {}  max logit diff {:.3g}\n", r.mismatches, r.max_logit_diff);
+    out << fmt::format(
+        "  prefix hit tokens {}  preemptions {}  forks {}  truncations {}\n"
+        "  checkpoint hits {}  window blocks freed {}  cross-attention reuses {}\n"
+        "  drafts accepted {}  rejected {}\n",
+        f.prefix_hit_tokens, f.preemptions, f.forks, f.truncations, f.checkpoint_hits,
+        f.window_blocks_freed, r.cross_attention_reuses, f.drafts_accepted, f.drafts_rejected);
+  }
+  return r.mismatches == 0 && r.completed ? 0 : 1;
+}
+
+}  // namespace hkv::cli

@@ -1,0 +1,27 @@
+// `hkv verify CONFIG`: the end-to-end proof on one model (hkv/engine/verify.h).
+//
+// Contract: AddVerifyCommand registers `verify`; RunVerifyCommand loads CONFIG, runs the
+// randomised workload through the engine and the dense reference, prints per-feature counts and
+// mismatches (a table, or JSON with --json) to `out`, and returns 0 only when every request
+// finished with no mismatch; 1 on a mismatch or an unfinished workload, 2 on bad input.
+#pragma once
+
+#include <iosfwd>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include <hkv/engine/verify.h>
+
+namespace hkv::cli {
+
+struct VerifyArgs {
+  std::string config;
+  VerifyOptions options;
+  bool json = false;
+};
+
+CLI::App* AddVerifyCommand(CLI::App& app, VerifyArgs& args);
+int RunVerifyCommand(const VerifyArgs& args, std::ostream& out, std::ostream& err);
+
+}  // namespace hkv::cli
