@@ -9,14 +9,6 @@
 namespace hkv {
 namespace {
 
-double NextUniform(uint64_t& s) {
-  uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  return static_cast<double>(z >> 11) * 0x1.0p-53;
-}
-
 // The token whose softmax interval contains `u`.
 int32_t PickByDraw(std::span<const float> logits, double u) {
   const float mx = *std::max_element(logits.begin(), logits.end());
@@ -75,6 +67,27 @@ Status Engine::Submit(const GenerationRequest& request) {
         fmt::format("engine: request {}: needs a prompt, max_new_tokens >= 1 and num_samples >= 1",
                     request.id));
   }
+  for (size_t i = 0; i < request.prompt.size(); ++i) {
+    const int32_t t = request.prompt[i];
+    if (t < 0 || t >= weights_.vocab) {
+      return Status::InvalidArgument(fmt::format(
+          "engine: request {}: token {} at position {} is outside the vocabulary [0, {})",
+          request.id, t, i, weights_.vocab));
+    }
+  }
+  // Forked siblings take the ids after the request's: the whole range must be free.
+  const RequestId last = request.id + static_cast<RequestId>(request.num_samples - 1);
+  const auto clashes = [&](const Live& l) {
+    const RequestId l_last = l.seq.id + static_cast<RequestId>(l.num_samples - 1);
+    return l.seq.id <= last && request.id <= l_last;
+  };
+  const bool taken =
+      std::any_of(waiting_.begin(), waiting_.end(), [&](const auto& l) { return clashes(*l); }) ||
+      std::any_of(running_.begin(), running_.end(), [&](const auto& l) { return clashes(*l); });
+  if (taken || last < request.id) {
+    return Status::InvalidArgument(fmt::format(
+        "engine: request ids {}..{} overlap a queued or running request's", request.id, last));
+  }
   auto r = std::make_unique<Live>();
   r->seq.id = request.id;
   r->seq.tokens = request.prompt;
@@ -82,7 +95,7 @@ Status Engine::Submit(const GenerationRequest& request) {
   r->seq.greedy = request.greedy;
   r->max_new_tokens = request.max_new_tokens;
   r->num_samples = request.num_samples;
-  r->rng = request.seed;
+  r->rng = SplitMix64(request.seed);
   waiting_.push_back(std::move(r));
   return Status::Ok();
 }
@@ -105,7 +118,6 @@ Status Engine::Admit(Live& r) {
   spec.id = r.seq.id;
   spec.prompt = r.seq.tokens;
   HKV_RETURN_IF_ERROR(manager_->AddRequest(spec));
-  r.admitted = true;
   return Status::Ok();
 }
 
@@ -116,7 +128,6 @@ Status Engine::Preempt(const Live* victim) {
   std::unique_ptr<Live> v = std::move(*it);
   running_.erase(it);
   HKV_RETURN_IF_ERROR(manager_->Free(v->seq.id));
-  v->admitted = false;
   v->started = false;
   ++counters_.preemptions;
   preempted_this_step_ = true;
@@ -126,7 +137,7 @@ Status Engine::Preempt(const Live* victim) {
 
 int32_t Engine::Sample(Live& r, std::span<const float> logits, int64_t pos) {
   if (r.seq.greedy) return Argmax(logits);
-  const double u = NextUniform(r.rng);
+  const double u = r.rng.Unit();
   r.seq.draws[pos] = u;
   return PickByDraw(logits, u);
 }
@@ -138,7 +149,7 @@ Status Engine::FinishOrSample(Live& r, const std::vector<float>& last_logits, in
     for (int32_t s = 1; s < r.num_samples; ++s) {
       auto child = std::make_unique<Live>(r);
       child->seq.id = r.seq.id + static_cast<RequestId>(s);
-      child->rng = r.rng + 0x1000u * static_cast<uint64_t>(s);
+      child->rng = SplitMix64(r.rng.state() + 0x1000u * static_cast<uint64_t>(s));
       HKV_RETURN_IF_ERROR(manager_->Fork(r.seq.id, child->seq.id));
       ++counters_.forks;
       samplers.push_back(child.get());

@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <hkv/common/splitmix64.h>
 #include <hkv/engine/tiny_model.h>
 
 namespace hkv {
@@ -130,46 +131,31 @@ Result<ModelSpec> ScaleModel(const ModelSpec& real, const TinyModelOptions& o) {
 
 namespace {
 
-// splitmix64: a tiny generator whose output is fixed by the seed on every platform.
-class Rng {
- public:
-  explicit Rng(uint64_t seed) : s_(seed) {}
-  uint64_t Next() {
-    uint64_t z = (s_ += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  // Uniform in [-scale, scale).
-  float Uniform(float scale) {
-    const double u = static_cast<double>(Next() >> 11) * 0x1.0p-53;
-    return static_cast<float>((2.0 * u - 1.0) * scale);
-  }
+// Uniform in [-scale, scale).
+float Uniform(SplitMix64& rng, float scale) {
+  return static_cast<float>((2.0 * rng.Unit() - 1.0) * scale);
+}
 
- private:
-  uint64_t s_;
-};
-
-Matrix RandomMatrix(Rng& rng, int32_t rows, int32_t cols) {
+Matrix RandomMatrix(SplitMix64& rng, int32_t rows, int32_t cols) {
   Matrix m{rows, cols, std::vector<float>(static_cast<size_t>(rows) * static_cast<size_t>(cols))};
   // Scaled so activations keep unit size through the layers.
   const float scale = 1.0f / std::sqrt(static_cast<float>(cols));
   for (float& w : m.w)
-    w = rng.Uniform(scale);
+    w = Uniform(rng, scale);
   return m;
 }
 
-std::vector<float> Gains(Rng& rng, int32_t n) {
+std::vector<float> Gains(SplitMix64& rng, int32_t n) {
   std::vector<float> g(static_cast<size_t>(n));
   for (float& x : g)
-    x = 1.0f + rng.Uniform(0.1f);
+    x = 1.0f + Uniform(rng, 0.1f);
   return g;
 }
 
 }  // namespace
 
 ModelWeights ModelWeights::Random(const ModelSpec& spec, int32_t vocab, uint64_t seed) {
-  Rng rng(seed);
+  SplitMix64 rng(seed);
   const int32_t h = spec.hidden_size;
   ModelWeights w;
   w.vocab = vocab;
@@ -187,7 +173,7 @@ ModelWeights ModelWeights::Random(const ModelSpec& spec, int32_t vocab, uint64_t
       lw.wo = RandomMatrix(rng, h, l.num_q_heads * l.head_dim_v);
       if (l.learned_sinks) {
         for (int32_t i = 0; i < l.num_q_heads; ++i)
-          lw.sink_logits.push_back(rng.Uniform(1.0f));
+          lw.sink_logits.push_back(Uniform(rng, 1.0f));
       }
     }
     if (IsRecurrentKind(l.kind)) {
@@ -197,10 +183,10 @@ ModelWeights ModelWeights::Random(const ModelSpec& spec, int32_t vocab, uint64_t
       lw.w_in = RandomMatrix(rng, r.conv + r.gate + r.heads, h);
       lw.conv_kernel.resize(static_cast<size_t>(r.conv) * static_cast<size_t>(l.recurrent.d_conv));
       for (float& x : lw.conv_kernel)
-        x = rng.Uniform(0.5f);
+        x = Uniform(rng, 0.5f);
       for (int32_t i = 0; i < r.heads; ++i) {
-        lw.decay.push_back(rng.Uniform(1.0f));
-        lw.skip.push_back(rng.Uniform(1.0f));
+        lw.decay.push_back(Uniform(rng, 1.0f));
+        lw.skip.push_back(Uniform(rng, 1.0f));
       }
       lw.w_out = RandomMatrix(rng, h, r.gate);
     }

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <hkv/common/splitmix64.h>
 #include <hkv/engine/transformer.h>
 #include <hkv/engine/verify.h>
 #include <hkv/plan/plan.h>
@@ -9,22 +10,7 @@
 namespace hkv {
 namespace {
 
-class Rng {
- public:
-  explicit Rng(uint64_t seed) : s_(seed) {}
-  uint64_t Next() {
-    uint64_t z = (s_ += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  int32_t Below(int32_t n) { return static_cast<int32_t>(Next() % static_cast<uint64_t>(n)); }
-
- private:
-  uint64_t s_;
-};
-
-std::vector<int32_t> Tokens(Rng& rng, int32_t n, int32_t vocab) {
+std::vector<int32_t> Tokens(SplitMix64& rng, int32_t n, int32_t vocab) {
   std::vector<int32_t> t;
   for (int32_t i = 0; i < n; ++i)
     t.push_back(rng.Below(vocab));
@@ -94,7 +80,7 @@ Result<VerifyReport> RunVerify(const ModelSpec& real, const VerifyOptions& o) {
   eo.draft_tokens = 2;
   HKV_ASSIGN_OR_RETURN(auto engine, Engine::Create(spec, weights, plan, config, eo));
 
-  Rng rng(o.seed);
+  SplitMix64 rng(o.seed);
   const int32_t vocab = tiny_options.vocab;
   std::vector<std::vector<int32_t>> system_prompts;
   for (int i = 0; i < 3; ++i)
@@ -135,6 +121,7 @@ Result<VerifyReport> RunVerify(const ModelSpec& real, const VerifyOptions& o) {
     }
     if (submitted >= o.requests && engine->idle()) break;
     HKV_RETURN_IF_ERROR(engine->Step());
+    HKV_RETURN_IF_ERROR(engine->manager().CheckInvariants());
     ++report.steps;
   }
   report.completed = submitted >= o.requests && engine->idle();

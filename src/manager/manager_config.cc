@@ -6,13 +6,10 @@
 
 #include <hkv/manager/manager_config.h>
 
+#include "manager_impl.h"
+
 namespace hkv {
 namespace {
-
-bool IsDecoderTokenGroup(const GroupConfig& g) {
-  return g.rule.kind == TokenRuleKind::kAll || g.rule.kind == TokenRuleKind::kWindow ||
-         g.rule.kind == TokenRuleKind::kChunk;
-}
 
 // Alignment beyond this is a misconfiguration (block sizes with a huge lcm), not a use case.
 constexpr int64_t kMaxAlignTokens = int64_t{1} << 20;
@@ -20,7 +17,7 @@ constexpr int64_t kMaxAlignTokens = int64_t{1} << 20;
 int64_t AlignOf(const ManagerConfig& c) {
   int64_t lcm = 0;
   for (const GroupConfig& g : c.groups) {
-    if (!IsDecoderTokenGroup(g) || g.block_tokens <= 0) continue;
+    if (!manager_internal::IsDecoderTokens(g) || g.block_tokens <= 0) continue;
     lcm = lcm == 0 ? g.block_tokens : std::lcm(lcm, int64_t{g.block_tokens});
     if (lcm > kMaxAlignTokens) return lcm;
   }
@@ -140,7 +137,8 @@ Status ManagerConfig::Validate() const {
 int32_t ManagerConfig::hash_tokens() const {
   int32_t gcd = 0;
   for (const GroupConfig& g : groups) {
-    if (IsDecoderTokenGroup(g) && g.block_tokens > 0) gcd = std::gcd(gcd, g.block_tokens);
+    if (manager_internal::IsDecoderTokens(g) && g.block_tokens > 0)
+      gcd = std::gcd(gcd, g.block_tokens);
   }
   return gcd == 0 ? state_align_tokens : gcd;
 }

@@ -4,24 +4,17 @@
 
 #include <fmt/format.h>
 
+#include <hkv/common/splitmix64.h>
 #include <hkv/sim/trace_generator.h>
 
 namespace hkv {
 namespace {
 
-// splitmix64: a tiny generator with a fixed output sequence on every platform.
-class Rng {
+// The project's generator plus the distributions the trace needs.
+class Rng : public SplitMix64 {
  public:
-  explicit Rng(uint64_t seed) : state_(seed) {}
+  using SplitMix64::SplitMix64;
 
-  uint64_t Next() {
-    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  // Uniform in [0, 1).
-  double Unit() { return static_cast<double>(Next() >> 11) * 0x1.0p-53; }
   // Uniform integer in [lo, hi].
   int64_t Between(int64_t lo, int64_t hi) {
     return lo + static_cast<int64_t>(Next() % static_cast<uint64_t>(hi - lo + 1));
@@ -32,9 +25,6 @@ class Rng {
     return static_cast<int32_t>(std::clamp<double>(std::floor(x), lo, hi));
   }
   double Exponential(double mean) { return -mean * std::log(1.0 - Unit()); }
-
- private:
-  uint64_t state_;
 };
 
 void AppendRandomTokens(Rng& rng, int32_t count, int32_t vocab, std::vector<int32_t>& out) {

@@ -1,7 +1,6 @@
 // Generation through the managed, paged cache equals the dense no-cache reference: same greedy
 // tokens, logits within 1e-4, for scaled-down real attention models, under chunked prefill and
 // prefix hits.
-#include <cctype>
 #include <cmath>
 #include <map>
 #include <string>
@@ -13,6 +12,8 @@
 #include <hkv/manager/kv_cache_manager.h>
 #include <hkv/plan/plan.h>
 #include <hkv/spec/config_loader.h>
+
+#include "engine_test_util.h"
 
 namespace hkv {
 namespace {
@@ -154,21 +155,7 @@ TEST_P(EngineExactness, ChunkedPrefillAndPrefixHitsMatchDense) {
   EXPECT_TRUE(s.manager->CheckInvariants().ok());
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, EngineExactness,
-                         ::testing::Values("meta-llama--Llama-3.1-8B", "google--gemma-2-9b",
-                                           "google--gemma-3-4b-it",
-                                           "mistralai--Ministral-8B-Instruct-2410",
-                                           "meta-llama--Llama-4-Scout-17B-16E-Instruct",
-                                           "openai--gpt-oss-20b", "ai21labs--Jamba-v0.1",
-                                           "ibm-ai-platform--Bamba-9B",
-                                           "Qwen--Qwen3-Next-80B-A3B-Instruct"),
-                         [](const ::testing::TestParamInfo<std::string>& p) {
-                           std::string n = p.param.substr(p.param.find("--") + 2);
-                           for (char& c : n) {
-                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
-                           }
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(Models, EngineExactness, testing::kEngineModels, testing::ModelTestName);
 
 TEST(TinyModel, RefusesKindsTheEngineCannotRunYet) {
   LoadOptions load{DType::kFP32, DType::kFP32, DType::kFP32};

@@ -1,13 +1,15 @@
 // The end-to-end proof over scaled real models: randomised workloads with prefix sharing,
 // multi-turn continuations, forks, speculative decoding and memory pressure give exactly the
 // dense reference's tokens and logits, and every feature really ran.
-#include <cctype>
 #include <string>
 
 #include <gtest/gtest.h>
 
 #include <hkv/engine/verify.h>
+#include <hkv/plan/plan.h>
 #include <hkv/spec/config_loader.h>
+
+#include "engine_test_util.h"
 
 namespace hkv {
 namespace {
@@ -54,21 +56,49 @@ TEST_P(Verify, RandomWorkloadsMatchDenseAndExerciseEveryFeature) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, Verify,
-                         ::testing::Values("meta-llama--Llama-3.1-8B", "google--gemma-2-9b",
-                                           "google--gemma-3-4b-it",
-                                           "mistralai--Ministral-8B-Instruct-2410",
-                                           "meta-llama--Llama-4-Scout-17B-16E-Instruct",
-                                           "openai--gpt-oss-20b", "ai21labs--Jamba-v0.1",
-                                           "ibm-ai-platform--Bamba-9B",
-                                           "Qwen--Qwen3-Next-80B-A3B-Instruct"),
-                         [](const ::testing::TestParamInfo<std::string>& p) {
-                           std::string n = p.param.substr(p.param.find("--") + 2);
-                           for (char& c : n) {
-                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
-                           }
-                           return n;
-                         });
+TEST(Engine, RejectsBadRequestsWithoutQueueingThem) {
+  LoadOptions load{DType::kFP32, DType::kFP32, DType::kFP32};
+  auto real = LoadModelConfig(std::string(HKV_MODELS_DIR) + "/meta-llama--Llama-3.1-8B", load);
+  ASSERT_TRUE(real.ok());
+  const ModelSpec spec = ScaleModel(*real, {}).value();
+  const ModelWeights weights = ModelWeights::Random(spec, 97, 1);
+  PlanOptions po;
+  po.memory_bytes = int64_t{1} << 20;
+  po.block_tokens = 4;
+  po.max_model_len = 128;
+  const Plan plan = MakePlan(spec, po).value();
+  const ManagerConfig config = ManagerConfig::FromPlan(plan).value();
+  EXPECT_EQ(Engine::Create(spec, weights, plan, config, {.token_budget = 0}).status().code(),
+            StatusCode::kInvalidArgument);
+  auto engine = Engine::Create(spec, weights, plan, config, {}).value();
+  GenerationRequest bad;
+  bad.id = 1;
+  bad.prompt = {3, 97};
+  Status s = engine->Submit(bad);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("token 97 at position 1"), std::string::npos) << s.message();
+  bad.prompt = {};
+  EXPECT_EQ(engine->Submit(bad).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(engine->idle());
+  GenerationRequest a;
+  a.id = 10;
+  a.prompt = {1, 2, 3};
+  a.num_samples = 3;  // ids 10, 11, 12
+  ASSERT_TRUE(engine->Submit(a).ok());
+  GenerationRequest b = a;
+  b.id = 12;
+  b.num_samples = 1;
+  s = engine->Submit(b);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("overlap"), std::string::npos) << s.message();
+  b.id = 13;
+  EXPECT_TRUE(engine->Submit(b).ok());
+  while (!engine->idle())
+    ASSERT_TRUE(engine->Step().ok());
+  EXPECT_EQ(engine->finished().size(), 4u);  // 10, its two siblings, and 13
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, Verify, testing::kEngineModels, testing::ModelTestName);
 
 }  // namespace
 }  // namespace hkv

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include <hkv/common/result.h>
+#include <hkv/common/splitmix64.h>
 #include <hkv/engine/paged_kv_cache.h>
 #include <hkv/engine/tiny_model.h>
 #include <hkv/manager/kv_cache_manager.h>
@@ -89,13 +90,12 @@ class Engine {
     Sequence seq;
     int32_t max_new_tokens = 0;
     int32_t num_samples = 1;
-    uint64_t rng = 0;
+    SplitMix64 rng{0};
     bool prefilled = false;  // prompt computed (at least once; recompute after preemption
                              // doesn't fork again)
     bool forked = false;
-    bool admitted = false;  // added to the manager
-    bool started = false;   // first Allocate done (Lookup no longer allowed)
-    PrefixHit pending;      // the hit found at admission, for the first Allocate
+    bool started = false;  // first Allocate done (Lookup no longer allowed)
+    PrefixHit pending;     // the hit found at admission, for the first Allocate
   };
   Engine(const ModelSpec& spec, const ModelWeights& weights, KvCacheManager manager,
          PagedKvCache cache, const EngineOptions& options);

@@ -58,10 +58,6 @@ class PagedKvCache {
   // Views of request `id`'s open step.
   Result<std::unique_ptr<StepView>> View(const KvCacheManager& manager, RequestId id);
 
-  int32_t group_of_layer(int32_t layer) const {
-    return group_of_layer_[static_cast<size_t>(layer)];
-  }
-
  private:
   struct LayerTensors {
     int32_t k = -1, v = -1, conv = -1, ssm = -1;  // indices into plan_.layout.tensors

@@ -1,0 +1,26 @@
+// Shared by the engine tests: the bundled models the engine runs, and readable test names.
+#pragma once
+
+#include <cctype>
+#include <string>
+
+#include <gtest/gtest.h>
+
+namespace hkv::testing {
+
+// "meta-llama--Llama-3.1-8B" -> "Llama_3_1_8B".
+inline std::string ModelTestName(const ::testing::TestParamInfo<std::string>& p) {
+  std::string n = p.param.substr(p.param.find("--") + 2);
+  for (char& c : n) {
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  }
+  return n;
+}
+
+inline const auto kEngineModels = ::testing::Values(
+    "meta-llama--Llama-3.1-8B", "google--gemma-2-9b", "google--gemma-3-4b-it",
+    "mistralai--Ministral-8B-Instruct-2410", "meta-llama--Llama-4-Scout-17B-16E-Instruct",
+    "openai--gpt-oss-20b", "ai21labs--Jamba-v0.1", "ibm-ai-platform--Bamba-9B",
+    "Qwen--Qwen3-Next-80B-A3B-Instruct");
+
+}  // namespace hkv::testing
