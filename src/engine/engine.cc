@@ -75,6 +75,14 @@ Status Engine::Submit(const GenerationRequest& request) {
           request.id, t, i, weights_.vocab));
     }
   }
+  const int64_t max_encoder = manager_->config().max_encoder_tokens;
+  if (request.encoder.tokens < 0 || request.encoder.tokens > max_encoder ||
+      (max_encoder > 0) != (request.encoder.tokens > 0)) {
+    return Status::InvalidArgument(
+        fmt::format("engine: request {}: {} encoder tokens; this model takes {}", request.id,
+                    request.encoder.tokens,
+                    max_encoder > 0 ? fmt::format("1..{}", max_encoder) : std::string("none")));
+  }
   // Forked siblings take the ids after the request's: the whole range must be free.
   const RequestId last = request.id + static_cast<RequestId>(request.num_samples - 1);
   const auto clashes = [&](const Live& l) {
@@ -93,6 +101,7 @@ Status Engine::Submit(const GenerationRequest& request) {
   r->seq.tokens = request.prompt;
   r->seq.prompt_len = static_cast<int64_t>(request.prompt.size());
   r->seq.greedy = request.greedy;
+  r->seq.encoder = request.encoder;
   r->max_new_tokens = request.max_new_tokens;
   r->num_samples = request.num_samples;
   r->rng = SplitMix64(request.seed);
@@ -117,6 +126,9 @@ Status Engine::Admit(Live& r) {
   RequestSpec spec;
   spec.id = r.seq.id;
   spec.prompt = r.seq.tokens;
+  spec.encoder_tokens = r.seq.encoder.tokens;
+  // The stand-in encoder's output is a function of the image id alone: it is the input digest.
+  spec.encoder_input = {r.seq.encoder.image, 0x1a6e};
   HKV_RETURN_IF_ERROR(manager_->AddRequest(spec));
   return Status::Ok();
 }
@@ -198,12 +210,14 @@ Result<bool> Engine::RunStep(Live& r, int64_t n, const std::vector<int32_t>& dra
     counters_.prefix_hit_tokens += hit.tokens;
     if (has_state_) ++counters_.checkpoint_hits;
   }
+  if (hit.encoder) ++counters_.cross_attention_reuses;
   HKV_ASSIGN_OR_RETURN(const StepInfo step, manager_->Step(id));
   cache_.ApplyCopies(step.copies);
   HKV_ASSIGN_OR_RETURN(auto view, cache_.View(*manager_, id));
   std::vector<int32_t> tokens = r.seq.tokens;
   tokens.insert(tokens.end(), drafts.begin(), drafts.end());
-  const std::vector<float> logits = Forward(spec_, weights_, tokens, step.begin, step.end, *view);
+  const std::vector<float> logits =
+      Forward(spec_, weights_, tokens, step.begin, step.end, *view, r.seq.encoder);
   HKV_RETURN_IF_ERROR(view->status());
   const auto vocab = static_cast<size_t>(weights_.vocab);
   const auto row = [&](int64_t p) {
@@ -310,7 +324,7 @@ Status Engine::Step() {
 DenseCheck CheckAgainstDense(const ModelSpec& spec, const ModelWeights& weights,
                              const Sequence& seq, float tolerance) {
   DenseCheck c;
-  const std::vector<float> dense = DenseLogits(spec, weights, seq.tokens);
+  const std::vector<float> dense = DenseLogits(spec, weights, seq.tokens, seq.encoder);
   const auto vocab = static_cast<size_t>(weights.vocab);
   const auto dense_row = [&](int64_t p) {
     return std::span<const float>(dense.data() + static_cast<size_t>(p) * vocab, vocab);

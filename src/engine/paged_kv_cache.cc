@@ -34,7 +34,7 @@ Result<PagedKvCache> PagedKvCache::Create(const Plan& plan) {
           v.name, DTypeName(v.dtype)));
     }
     LayerTensors& lt = c.tensors_[static_cast<size_t>(v.layer)];
-    if (v.name == "k") lt.k = static_cast<int32_t>(t);
+    if (v.name == "k" || v.name == "latent") lt.k = static_cast<int32_t>(t);
     if (v.name == "v") lt.v = static_cast<int32_t>(t);
     if (v.name == "conv") lt.conv = static_cast<int32_t>(t);
     if (v.name == "ssm") lt.ssm = static_cast<int32_t>(t);
@@ -64,12 +64,15 @@ Result<std::unique_ptr<PagedKvCache::StepView>> PagedKvCache::View(const KvCache
   view->cache_ = this;
   view->begin_ = step.begin;
   view->end_ = step.end;
+  view->run_encoder_ = step.run_encoder;
   for (const KvGroup& g : plan_.groups) {
     std::span<const int32_t> table;
     std::vector<int64_t> slots;
-    if (g.rule.keeps_tokens() && g.rule.kind != TokenRuleKind::kEncoder) {
+    if (g.rule.keeps_tokens()) {
       HKV_ASSIGN_OR_RETURN(table, manager.BlockTable(id, g.id));
-      HKV_RETURN_IF_ERROR(manager.SlotMapping(id, g.id, step.begin, step.end, slots));
+      if (g.rule.kind != TokenRuleKind::kEncoder) {
+        HKV_RETURN_IF_ERROR(manager.SlotMapping(id, g.id, step.begin, step.end, slots));
+      }
     }
     view->tables_.push_back(table);
     view->slots_.push_back(std::move(slots));
@@ -133,41 +136,52 @@ void PagedKvCache::StepView::AfterPosition(int32_t layer, int64_t position) {
   }
 }
 
-float* PagedKvCache::StepView::Row(int32_t layer, int64_t pos, int which) {
+KvRows PagedKvCache::StepView::Fail(int32_t layer, int64_t pos, std::string why) {
+  if (status_.ok()) {
+    status_ = Status::FailedPrecondition(
+        fmt::format("paged cache: layer {} position {}: {}", layer, pos, why));
+  }
+  // NaN rows let the pass finish without touching anybody's memory; the status reports it.
+  scratch_.assign(4096, std::numeric_limits<float>::quiet_NaN());
+  return {scratch_.data(), scratch_.data(), 1};
+}
+
+KvRows PagedKvCache::StepView::Rows(int32_t layer, int64_t pos) {
   const PagedKvCache& c = *cache_;
   const int32_t g = c.group_of_layer_[static_cast<size_t>(layer)];
   const LayerTensors& lt = c.tensors_[static_cast<size_t>(layer)];
-  const int32_t t = which == 0 ? lt.k : lt.v;
-  const auto fail = [&](std::string why) {
-    if (status_.ok()) {
-      status_ = Status::FailedPrecondition(
-          fmt::format("paged cache: layer {} position {}: {}", layer, pos, why));
-    }
-    scratch_.assign(4096, std::numeric_limits<float>::quiet_NaN());
-    return scratch_.data();
-  };
-  if (g < 0 || t < 0) return fail("the layer owns no cache tensor");
+  if (g < 0 || lt.k < 0) return Fail(layer, pos, "the layer owns no cache tensor");
   const KvGroup& group = c.plan_.groups[static_cast<size_t>(g)];
   const int64_t bs = group.block_tokens;
-  int64_t block = 0, offset = 0;
-  if (pos >= begin_ && pos < end_) {
-    const int64_t slot = slots_[static_cast<size_t>(g)][static_cast<size_t>(pos - begin_)];
+  const bool encoder = group.rule.kind == TokenRuleKind::kEncoder;
+  int64_t block = 0, offset = 0, n = 0;
+  if (!encoder && pos >= begin_ && pos < end_) {
+    // The step's own positions: where SlotMapping put them.
+    const auto& slots = slots_[static_cast<size_t>(g)];
+    const int64_t slot = slots[static_cast<size_t>(pos - begin_)];
     block = slot / bs;
     offset = slot % bs;
+    n = std::min(bs - offset, end_ - pos);
   } else {
     const auto& table = tables_[static_cast<size_t>(g)];
     if (pos < 0 || pos / bs >= static_cast<int64_t>(table.size())) {
-      return fail("outside the block table");
+      return Fail(layer, pos, "outside the block table");
     }
     block = table[static_cast<size_t>(pos / bs)];
     offset = pos % bs;
-    if (block == BlockPool::kNullBlock) return fail("the block table holds the null block");
+    n = bs - offset;
+    if (!encoder && pos < begin_) n = std::min(n, begin_ - pos);
+    if (block == BlockPool::kNullBlock)
+      return Fail(layer, pos, "the block table holds the null block");
   }
-  const TensorView& v = c.plan_.layout.tensors[static_cast<size_t>(t)];
-  const int64_t row_bytes = v.bytes / bs;
-  unsigned char* p = cache_->buffers_[static_cast<size_t>(v.page_class)].data() + v.offset +
-                     block * v.block_stride + offset * row_bytes;
-  return reinterpret_cast<float*>(p);
+  const auto row = [&](int32_t t) -> float* {
+    if (t < 0) return nullptr;
+    const TensorView& v = c.plan_.layout.tensors[static_cast<size_t>(t)];
+    unsigned char* p = cache_->buffers_[static_cast<size_t>(v.page_class)].data() + v.offset +
+                       block * v.block_stride + offset * (v.bytes / bs);
+    return reinterpret_cast<float*>(p);
+  };
+  return {row(lt.k), row(lt.v), n};
 }
 
 }  // namespace hkv

@@ -50,26 +50,32 @@ void ScaleRecurrent(LayerSpec& s, const TinyModelOptions& o) {
 
 Result<ModelSpec> ScaleModel(const ModelSpec& real, const TinyModelOptions& o) {
   if (o.max_layers < 1 || o.hidden < 8 || o.kv_heads < 1 || o.q_per_kv < 1 || o.head_dim < 2 ||
-      o.head_dim % 2 != 0 || o.window < 1 || o.chunk < 1 || o.vocab < 2) {
+      o.head_dim % 4 != 0 || o.window < 1 || o.chunk < 1 || o.vocab < 2 || o.encoder_tokens < 1) {
     return Status::InvalidArgument(fmt::format(
         "tiny model: options out of range (layers {}, hidden {}, kv heads {}, q per kv {}, head "
-        "dim {} (even), window {}, chunk {}, vocab {})",
-        o.max_layers, o.hidden, o.kv_heads, o.q_per_kv, o.head_dim, o.window, o.chunk, o.vocab));
+        "dim {} (multiple of 4), window {}, chunk {}, vocab {}, encoder tokens {})",
+        o.max_layers, o.hidden, o.kv_heads, o.q_per_kv, o.head_dim, o.window, o.chunk, o.vocab,
+        o.encoder_tokens));
   }
   ModelSpec t;
   t.model_type = real.model_type;
   t.source = real.source + " (scaled)";
   t.hidden_size = o.hidden;
   t.max_position_embeddings = real.max_position_embeddings;
+  if (real.max_encoder_tokens > 0) t.max_encoder_tokens = o.encoder_tokens;
   // The first max_layers model layers, plus the first layer of every kind they lack (Bamba's
-  // first attention layer is its tenth), renumbered consecutively.
+  // first attention layer is its tenth, Gemma-3n's first KV-shared layer its twentieth),
+  // renumbered consecutively.
   std::vector<int32_t> keep;
   for (int32_t i = 0; i < std::min(real.num_layers, o.max_layers); ++i)
     keep.push_back(i);
+  const auto same_kind = [](const LayerSpec& a, const LayerSpec& b) {
+    return a.kind == b.kind && (a.kv_source_layer >= 0) == (b.kv_source_layer >= 0);
+  };
   for (const LayerSpec& l : real.layers) {
     const bool covered =
         std::any_of(real.layers.begin(), real.layers.end(), [&](const LayerSpec& k) {
-          return k.kind == l.kind && std::find(keep.begin(), keep.end(), k.layer) != keep.end();
+          return same_kind(k, l) && std::find(keep.begin(), keep.end(), k.layer) != keep.end();
         });
     if (!covered) keep.push_back(l.layer);
   }
@@ -82,21 +88,6 @@ Result<ModelSpec> ScaleModel(const ModelSpec& real, const TinyModelOptions& o) {
   };
   for (const LayerSpec& l : real.layers) {
     if (renumber(l.layer) < 0) continue;
-    switch (l.kind) {
-      case LayerKind::kFullAttention:
-      case LayerKind::kSlidingWindow:
-      case LayerKind::kChunkedLocal:
-      case LayerKind::kMlp:
-      case LayerKind::kMamba1:
-      case LayerKind::kMamba2:
-      case LayerKind::kGatedDeltaNet:
-        break;
-      default:
-        return Status::Unsupported(fmt::format(
-            "tiny model: {} layer {} ({}): the reference engine runs full, sliding-window, "
-            "chunked, Mamba-1/2, gated DeltaNet and MLP layers so far",
-            real.source, l.layer, LayerKindName(l.kind)));
-    }
     LayerSpec s = l;
     s.layer = renumber(l.layer);
     // -2 marks a shared layer whose source was cut away.
@@ -111,6 +102,13 @@ Result<ModelSpec> ScaleModel(const ModelSpec& real, const TinyModelOptions& o) {
       if (l.kind == LayerKind::kSlidingWindow) s.window = o.window;
       if (l.kind == LayerKind::kChunkedLocal) s.chunk = o.chunk;
       s.sink_tokens = std::min(l.sink_tokens, 2);
+      if (l.kind == LayerKind::kMla) {
+        s.num_kv_heads = 1;
+        s.qk_rope_head_dim = o.head_dim / 2;
+        s.kv_lora_rank = 2 * o.head_dim;
+        s.head_dim_k = s.kv_lora_rank + s.qk_rope_head_dim;
+        s.head_dim_v = 0;
+      }
     }
     t.layers.push_back(s);
   }
@@ -166,7 +164,14 @@ ModelWeights ModelWeights::Random(const ModelSpec& spec, int32_t vocab, uint64_t
     LayerWeights lw;
     lw.attn_norm = Gains(rng, h);
     lw.mlp_norm = Gains(rng, h);
-    if (IsAttentionKind(l.kind)) {
+    if (l.kind == LayerKind::kMla) {
+      const MlaWidths m = MlaWidthsOf(l);
+      lw.wq = RandomMatrix(rng, l.num_q_heads * (m.nope + m.rope), h);
+      lw.wk = RandomMatrix(rng, m.rank + m.rope, h);  // the cached latent
+      lw.w_uk = RandomMatrix(rng, l.num_q_heads * m.nope, m.rank);
+      lw.w_uv = RandomMatrix(rng, l.num_q_heads * m.v, m.rank);
+      lw.wo = RandomMatrix(rng, h, l.num_q_heads * m.v);
+    } else if (IsAttentionKind(l.kind)) {
       lw.wq = RandomMatrix(rng, l.num_q_heads * l.head_dim_k, h);
       lw.wk = RandomMatrix(rng, l.num_kv_heads * l.head_dim_k, h);
       lw.wv = RandomMatrix(rng, l.num_kv_heads * l.head_dim_v, h);
@@ -199,6 +204,15 @@ ModelWeights ModelWeights::Random(const ModelSpec& spec, int32_t vocab, uint64_t
   w.final_norm = Gains(rng, h);
   w.lm_head = RandomMatrix(rng, vocab, h);
   return w;
+}
+
+MlaWidths MlaWidthsOf(const LayerSpec& l) {
+  MlaWidths m;
+  m.rank = l.kv_lora_rank;
+  m.rope = l.qk_rope_head_dim;
+  m.nope = 2 * l.qk_rope_head_dim;
+  m.v = 2 * l.qk_rope_head_dim;
+  return m;
 }
 
 RecurrentWidths RecurrentWidthsOf(const LayerSpec& l) {

@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include <hkv/common/splitmix64.h>
 #include <hkv/engine/transformer.h>
 
 namespace hkv {
@@ -42,47 +43,77 @@ void Rope(float* v, int32_t heads, int32_t dim, int64_t pos) {
   }
 }
 
-bool Attends(const LayerSpec& l, int64_t q, int64_t j) {
-  if (j > q) return false;
+// The positions query `q` of layer `l` attends to, as ascending [lo, hi) ranges (at most two).
+int AttendedRanges(const LayerSpec& l, int64_t q, int64_t ranges[2][2]) {
   switch (l.kind) {
-    case LayerKind::kSlidingWindow:
-      return j > q - l.window || j < l.sink_tokens;
+    case LayerKind::kSlidingWindow: {
+      const int64_t lo = std::max<int64_t>(0, q - l.window + 1);
+      const int64_t sinks = std::min<int64_t>(l.sink_tokens, lo);
+      int count = 0;
+      if (sinks > 0) {
+        ranges[count][0] = 0;
+        ranges[count++][1] = sinks;
+      }
+      ranges[count][0] = lo;
+      ranges[count++][1] = q + 1;
+      return count;
+    }
     case LayerKind::kChunkedLocal:
-      return j >= q / l.chunk * l.chunk;
+      ranges[0][0] = q / l.chunk * l.chunk;
+      ranges[0][1] = q + 1;
+      return 1;
     default:
-      return true;
+      ranges[0][0] = 0;
+      ranges[0][1] = q + 1;
+      return 1;
   }
 }
 
-// Keeps private K/V and states for every layer: the dense reference's store.
-class DenseStore : public KvStore {
- public:
-  DenseStore(const ModelSpec& spec, int64_t tokens) : rows_(spec.layers.size()) {
-    for (size_t i = 0; i < spec.layers.size(); ++i) {
-      const LayerSpec& l = spec.layers[i];
-      width_.push_back(static_cast<size_t>(l.num_kv_heads) * static_cast<size_t>(l.head_dim_k));
-      k_.emplace_back(width_.back() * static_cast<size_t>(tokens));
-      v_.emplace_back(width_.back() * static_cast<size_t>(tokens));
-      conv_.emplace_back(l.state.empty() ? 0 : static_cast<size_t>(l.state[0].elements()), 0.0f);
-      ssm_.emplace_back(l.state.empty() ? 0 : static_cast<size_t>(l.state[1].elements()), 0.0f);
+// Appends the runs of rows covering [lo, hi) of `layer`.
+void GatherRuns(KvStore& store, int32_t layer, int64_t lo, int64_t hi, std::vector<KvRows>& runs) {
+  for (int64_t j = lo; j < hi;) {
+    KvRows r = store.Rows(layer, j);
+    r.n = std::clamp<int64_t>(r.n, 1, hi - j);
+    runs.push_back(r);
+    j += r.n;
+  }
+}
+
+// Softmax attention of one query head over `runs`: keys at column `k_at` of rows `k_width`
+// wide, values at `v_at` of rows `v_width` wide (d floats each). `sink` is a learned sink logit
+// (or -inf). Scores are accumulated in position order, whatever the run boundaries, so paged and
+// contiguous stores give bit-identical results.
+void AttendHead(std::span<const KvRows> runs, const float* q, int32_t d, size_t k_width,
+                size_t k_at, size_t v_width, size_t v_at, float scale, float sink,
+                std::vector<float>& scores, float* o) {
+  scores.clear();
+  float mx = sink;
+  for (const KvRows& r : runs) {
+    for (int64_t i = 0; i < r.n; ++i) {
+      const float* k = r.k + static_cast<size_t>(i) * k_width + k_at;
+      float s = 0.0f;
+      for (int32_t c = 0; c < d; ++c)
+        s += q[c] * k[c];
+      scores.push_back(s * scale);
+      mx = std::max(mx, scores.back());
     }
   }
-  float* State(int32_t layer, int which) override {
-    return (which == 0 ? conv_ : ssm_)[static_cast<size_t>(layer)].data();
+  float denom = std::isinf(sink) ? 0.0f : std::exp(sink - mx);
+  for (float& s : scores) {
+    s = std::exp(s - mx);
+    denom += s;
   }
-  void AfterPosition(int32_t, int64_t) override {}
-  float* Key(int32_t layer, int64_t pos) override {
-    return k_[static_cast<size_t>(layer)].data() + width_[static_cast<size_t>(layer)] * pos;
+  std::fill(o, o + d, 0.0f);
+  size_t at = 0;
+  for (const KvRows& r : runs) {
+    for (int64_t i = 0; i < r.n; ++i) {
+      const float* v = r.v + static_cast<size_t>(i) * v_width + v_at;
+      const float p = scores[at++] / denom;
+      for (int32_t c = 0; c < d; ++c)
+        o[c] += p * v[c];
+    }
   }
-  float* Value(int32_t layer, int64_t pos) override {
-    return v_[static_cast<size_t>(layer)].data() + width_[static_cast<size_t>(layer)] * pos;
-  }
-
- private:
-  size_t rows_;
-  std::vector<size_t> width_;
-  std::vector<std::vector<float>> k_, v_, conv_, ssm_;
-};
+}
 
 float Silu(float v) {
   return v / (1.0f + std::exp(-v));
@@ -200,13 +231,177 @@ void RecurrentToken(const LayerSpec& l, const LayerWeights& w, const float* h, f
 
 }  // namespace
 
+namespace {
+
+// Index into ModelSpec::layers of the layer whose cache `li` reads (itself unless KV-shared).
+int32_t CacheSource(const ModelSpec& spec, size_t li) {
+  const LayerSpec& l = spec.layers[li];
+  if (l.kv_source_layer >= 0) {
+    for (size_t s = 0; s < spec.layers.size(); ++s) {
+      if (spec.layers[s].layer == l.kv_source_layer && spec.layers[s].kind == l.kind) {
+        return static_cast<int32_t>(s);
+      }
+    }
+  }
+  return static_cast<int32_t>(li);
+}
+
+// Scratch buffers of one Forward call, reused across layers and positions.
+struct Scratch {
+  std::vector<float> normed, queries, att, out, scores, absorbed, latent_out;
+  std::vector<KvRows> runs;
+};
+
+// GQA attention (full, sliding window, chunked, learned sinks, KV-shared) and cross attention,
+// over positions [begin, end) whose hidden states are `x` (rows of `hs`).
+void Attention(const ModelSpec& spec, size_t li, const LayerWeights& w, int64_t begin, int64_t end,
+               const EncoderInput& encoder, const std::vector<float>* encoder_states,
+               KvStore& store, std::vector<float>& x, Scratch& s) {
+  const LayerSpec& l = spec.layers[li];
+  const auto hs = static_cast<size_t>(spec.hidden_size);
+  const auto n = static_cast<size_t>(end - begin);
+  const int32_t qh = l.num_q_heads, kvh = l.num_kv_heads, d = l.head_dim_k;
+  const auto own = static_cast<int32_t>(li);
+  const int32_t source = CacheSource(spec, li);
+  const bool cross = l.kind == LayerKind::kCrossAttention;
+  if (cross && encoder_states != nullptr) {
+    // The encoder's K/V, once per request (the store says whether they are cached already).
+    for (int64_t t = 0; t < encoder.tokens; ++t) {
+      const KvRows r = store.Rows(own, t);
+      const float* e = encoder_states->data() + static_cast<size_t>(t) * hs;
+      MatVec(w.wk, e, r.k);
+      MatVec(w.wv, e, r.v);
+    }
+  }
+  const auto q_width = static_cast<size_t>(qh * d);
+  s.queries.resize(n * q_width);
+  for (size_t t = 0; t < n; ++t) {
+    const int64_t pos = begin + static_cast<int64_t>(t);
+    RmsNorm(x.data() + t * hs, w.attn_norm, s.normed.data());
+    float* qt = s.queries.data() + t * q_width;
+    MatVec(w.wq, s.normed.data(), qt);
+    if (l.rope && !cross) Rope(qt, qh, d, pos);
+    if (source == own && !cross) {
+      const KvRows r = store.Rows(own, pos);
+      MatVec(w.wk, s.normed.data(), r.k);
+      if (l.rope) Rope(r.k, kvh, d, pos);
+      MatVec(w.wv, s.normed.data(), r.v);
+    }
+  }
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const auto row = static_cast<size_t>(kvh * d);
+  s.att.resize(q_width);
+  for (size_t t = 0; t < n; ++t) {
+    const int64_t pos = begin + static_cast<int64_t>(t);
+    s.runs.clear();
+    if (cross) {
+      GatherRuns(store, source, 0, encoder.tokens, s.runs);
+    } else {
+      int64_t ranges[2][2];
+      const int count = AttendedRanges(l, pos, ranges);
+      for (int i = 0; i < count; ++i)
+        GatherRuns(store, source, ranges[i][0], ranges[i][1], s.runs);
+    }
+    for (int32_t head = 0; head < qh; ++head) {
+      const auto at = static_cast<size_t>(head / (qh / kvh) * d);
+      const float sink = l.learned_sinks ? w.sink_logits[static_cast<size_t>(head)] : -INFINITY;
+      AttendHead(s.runs, s.queries.data() + t * q_width + static_cast<size_t>(head * d), d, row, at,
+                 row, at, scale, sink, s.scores, s.att.data() + head * d);
+    }
+    MatVec(w.wo, s.att.data(), s.out.data());
+    for (size_t i = 0; i < hs; ++i)
+      x[t * hs + i] += s.out[i];
+  }
+}
+
+// Multi-head latent attention in the absorbed form: the cache row is [latent | rope key]; each
+// head's no-RoPE query is mapped into latent space through w_uk, and its output read from the
+// attention-weighted latent through w_uv.
+void LatentAttention(const ModelSpec& spec, size_t li, const LayerWeights& w, int64_t begin,
+                     int64_t end, KvStore& store, std::vector<float>& x, Scratch& s) {
+  const LayerSpec& l = spec.layers[li];
+  const MlaWidths m = MlaWidthsOf(l);
+  const auto hs = static_cast<size_t>(spec.hidden_size);
+  const auto n = static_cast<size_t>(end - begin);
+  const int32_t qh = l.num_q_heads;
+  const auto own = static_cast<int32_t>(li);
+  const auto q_head = static_cast<size_t>(m.nope + m.rope);
+  const auto q_width = static_cast<size_t>(qh) * q_head;
+  s.queries.resize(n * q_width);
+  for (size_t t = 0; t < n; ++t) {
+    const int64_t pos = begin + static_cast<int64_t>(t);
+    RmsNorm(x.data() + t * hs, w.attn_norm, s.normed.data());
+    float* qt = s.queries.data() + t * q_width;
+    MatVec(w.wq, s.normed.data(), qt);
+    for (int32_t head = 0; head < qh; ++head)
+      Rope(qt + static_cast<size_t>(head) * q_head + m.nope, 1, m.rope, pos);
+    float* latent = store.Rows(own, pos).k;
+    MatVec(w.wk, s.normed.data(), latent);
+    Rope(latent + m.rank, 1, m.rope, pos);
+  }
+  const float scale = 1.0f / std::sqrt(static_cast<float>(m.nope + m.rope));
+  const auto row = static_cast<size_t>(m.rank + m.rope);
+  s.att.resize(static_cast<size_t>(qh * m.v));
+  s.absorbed.resize(row);
+  s.latent_out.resize(row);
+  for (size_t t = 0; t < n; ++t) {
+    const int64_t pos = begin + static_cast<int64_t>(t);
+    s.runs.clear();
+    GatherRuns(store, own, 0, pos + 1, s.runs);
+    // Values are the latent part of the same rows.
+    for (KvRows& r : s.runs)
+      r.v = r.k;
+    for (int32_t head = 0; head < qh; ++head) {
+      const float* q = s.queries.data() + t * q_width + static_cast<size_t>(head) * q_head;
+      // absorbed = [w_uk(head)^T q_nope | q_rope]: one dot product with the cached row.
+      for (int32_t r = 0; r < m.rank; ++r) {
+        float acc = 0.0f;
+        for (int32_t i = 0; i < m.nope; ++i) {
+          acc += w.w_uk.w[static_cast<size_t>((head * m.nope + i) * m.rank + r)] * q[i];
+        }
+        s.absorbed[static_cast<size_t>(r)] = acc;
+      }
+      std::copy_n(q + m.nope, m.rope, s.absorbed.data() + m.rank);
+      AttendHead(s.runs, s.absorbed.data(), m.rank + m.rope, row, 0, row, 0, scale, -INFINITY,
+                 s.scores, s.latent_out.data());
+      // AttendHead also averaged the rope keys; only the latent part feeds w_uv.
+      for (int32_t i = 0; i < m.v; ++i) {
+        const float* wr = w.w_uv.w.data() + static_cast<size_t>((head * m.v + i) * m.rank);
+        float acc = 0.0f;
+        for (int32_t r = 0; r < m.rank; ++r)
+          acc += wr[r] * s.latent_out[static_cast<size_t>(r)];
+        s.att[static_cast<size_t>(head * m.v + i)] = acc;
+      }
+    }
+    MatVec(w.wo, s.att.data(), s.out.data());
+    for (size_t i = 0; i < hs; ++i)
+      x[t * hs + i] += s.out[i];
+  }
+}
+
+}  // namespace
+
+std::vector<float> StandInEncoder(const EncoderInput& input, int32_t hidden) {
+  std::vector<float> states(static_cast<size_t>(input.tokens) * static_cast<size_t>(hidden));
+  SplitMix64 rng(input.image * 0x9e3779b97f4a7c15ULL + 0x2545f4914f6cdd1dULL);
+  for (float& v : states)
+    v = static_cast<float>(2.0 * rng.Unit() - 1.0);
+  return states;
+}
+
 std::vector<float> Forward(const ModelSpec& spec, const ModelWeights& weights,
                            std::span<const int32_t> tokens, int64_t begin, int64_t end,
-                           KvStore& store) {
+                           KvStore& store, const EncoderInput& encoder) {
   const int32_t h = spec.hidden_size;
   const auto n = static_cast<size_t>(end - begin);
   const auto hs = static_cast<size_t>(h);
-  std::vector<float> x(n * hs), normed(hs), buf, q, att, out(hs), gate, up;
+  std::vector<float> x(n * hs), normed(hs), out(hs), gate, up;
+  Scratch scratch;
+  scratch.normed.resize(hs);
+  scratch.out.resize(hs);
+  std::vector<float> encoder_states;
+  const bool run_encoder = encoder.tokens > 0 && store.EncoderPending();
+  if (run_encoder) encoder_states = StandInEncoder(encoder, h);
   for (size_t t = 0; t < n; ++t) {
     const int32_t tok = tokens[static_cast<size_t>(begin) + t];
     std::copy_n(weights.embed.w.data() + static_cast<size_t>(tok) * hs, hs, x.data() + t * hs);
@@ -214,73 +409,11 @@ std::vector<float> Forward(const ModelSpec& spec, const ModelWeights& weights,
   for (size_t li = 0; li < spec.layers.size(); ++li) {
     const LayerSpec& l = spec.layers[li];
     const LayerWeights& w = weights.layers[li];
-    if (IsAttentionKind(l.kind)) {
-      const int32_t qh = l.num_q_heads, kvh = l.num_kv_heads, d = l.head_dim_k;
-      const auto own = static_cast<int32_t>(li);
-      const int32_t source = l.kv_source_layer < 0 ? own : [&] {
-        for (size_t s = 0; s < spec.layers.size(); ++s) {
-          if (spec.layers[s].layer == l.kv_source_layer && spec.layers[s].kind == l.kind) {
-            return static_cast<int32_t>(s);
-          }
-        }
-        return own;
-      }();
-      std::vector<float> queries(n * static_cast<size_t>(qh * d));
-      buf.resize(static_cast<size_t>(kvh * d));
-      for (size_t t = 0; t < n; ++t) {
-        const int64_t pos = begin + static_cast<int64_t>(t);
-        RmsNorm(x.data() + t * hs, w.attn_norm, normed.data());
-        float* qt = queries.data() + t * static_cast<size_t>(qh * d);
-        MatVec(w.wq, normed.data(), qt);
-        if (l.rope) Rope(qt, qh, d, pos);
-        if (source == own) {
-          float* k = store.Key(own, pos);
-          MatVec(w.wk, normed.data(), k);
-          if (l.rope) Rope(k, kvh, d, pos);
-          MatVec(w.wv, normed.data(), store.Value(own, pos));
-        }
-      }
-      const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-      std::vector<float> scores;
-      att.resize(static_cast<size_t>(qh * d));
-      for (size_t t = 0; t < n; ++t) {
-        const int64_t pos = begin + static_cast<int64_t>(t);
-        const float* qt = queries.data() + t * static_cast<size_t>(qh * d);
-        std::fill(att.begin(), att.end(), 0.0f);
-        for (int32_t head = 0; head < qh; ++head) {
-          const int32_t kv = head / (qh / kvh);
-          const float* qv = qt + head * d;
-          scores.clear();
-          float mx = l.learned_sinks ? w.sink_logits[static_cast<size_t>(head)] : -INFINITY;
-          for (int64_t j = 0; j <= pos; ++j) {
-            if (!Attends(l, pos, j)) continue;
-            const float* k = store.Key(source, j) + kv * d;
-            float s = 0.0f;
-            for (int32_t i = 0; i < d; ++i)
-              s += qv[i] * k[i];
-            scores.push_back(s * scale);
-            mx = std::max(mx, scores.back());
-          }
-          float denom =
-              l.learned_sinks ? std::exp(w.sink_logits[static_cast<size_t>(head)] - mx) : 0.0f;
-          for (float& s : scores) {
-            s = std::exp(s - mx);
-            denom += s;
-          }
-          float* o = att.data() + head * d;
-          size_t k = 0;
-          for (int64_t j = 0; j <= pos; ++j) {
-            if (!Attends(l, pos, j)) continue;
-            const float* v = store.Value(source, j) + kv * d;
-            const float p = scores[k++] / denom;
-            for (int32_t i = 0; i < d; ++i)
-              o[i] += p * v[i];
-          }
-        }
-        MatVec(w.wo, att.data(), out.data());
-        for (size_t i = 0; i < hs; ++i)
-          x[t * hs + i] += out[i];
-      }
+    if (l.kind == LayerKind::kMla) {
+      LatentAttention(spec, li, w, begin, end, store, x, scratch);
+    } else if (IsAttentionKind(l.kind)) {
+      Attention(spec, li, w, begin, end, encoder, run_encoder ? &encoder_states : nullptr, store, x,
+                scratch);
     }
     if (IsRecurrentKind(l.kind)) {
       const auto own = static_cast<int32_t>(li);
@@ -318,11 +451,40 @@ std::vector<float> Forward(const ModelSpec& spec, const ModelWeights& weights,
   return logits;
 }
 
+ContiguousKvStore::ContiguousKvStore(const ModelSpec& spec, int64_t tokens,
+                                     int64_t encoder_tokens) {
+  for (const LayerSpec& l : spec.layers) {
+    Layer c;
+    c.k_width = static_cast<size_t>(l.num_kv_heads) * static_cast<size_t>(l.head_dim_k);
+    c.v_width = static_cast<size_t>(l.num_kv_heads) * static_cast<size_t>(l.head_dim_v);
+    c.rows = l.kind == LayerKind::kCrossAttention ? encoder_tokens : tokens;
+    c.k.resize(c.k_width * static_cast<size_t>(c.rows));
+    c.v.resize(c.v_width * static_cast<size_t>(c.rows));
+    if (!l.state.empty()) {
+      c.conv.resize(static_cast<size_t>(l.state[0].elements()));
+      c.ssm.resize(static_cast<size_t>(l.state[1].elements()));
+    }
+    layers_.push_back(std::move(c));
+  }
+}
+
+KvRows ContiguousKvStore::Rows(int32_t layer, int64_t pos) {
+  Layer& c = layers_[static_cast<size_t>(layer)];
+  const auto p = static_cast<size_t>(pos);
+  return {c.k.data() + c.k_width * p, c.v_width == 0 ? nullptr : c.v.data() + c.v_width * p,
+          c.rows - pos};
+}
+
+float* ContiguousKvStore::State(int32_t layer, int which) {
+  Layer& c = layers_[static_cast<size_t>(layer)];
+  return (which == 0 ? c.conv : c.ssm).data();
+}
+
 std::vector<float> DenseLogits(const ModelSpec& spec, const ModelWeights& weights,
-                               std::span<const int32_t> tokens) {
+                               std::span<const int32_t> tokens, const EncoderInput& encoder) {
   const auto n = static_cast<int64_t>(tokens.size());
-  DenseStore store(spec, n);
-  return Forward(spec, weights, tokens, 0, n, store);
+  ContiguousKvStore store(spec, n, encoder.tokens);
+  return Forward(spec, weights, tokens, 0, n, store, encoder);
 }
 
 int32_t Argmax(std::span<const float> logits) {

@@ -40,7 +40,7 @@ Result<VerifyReport> RunVerify(const ModelSpec& real, const VerifyOptions& o) {
     PlanOptions probe = po;
     probe.memory_bytes = int64_t{64} << 20;
     HKV_ASSIGN_OR_RETURN(const Plan sizing, MakePlan(spec, probe));
-    po.memory_bytes = 3 * sizing.FootprintOf(96, 0).hybridkv_bytes;
+    po.memory_bytes = 3 * sizing.FootprintOf(96, spec.max_encoder_tokens).hybridkv_bytes;
     // A class shared by states and tokens also needs room for each sequence's spare states.
     for (const PageClass& pc : sizing.page_classes) {
       bool states = false, tokens = false;
@@ -90,7 +90,11 @@ Result<VerifyReport> RunVerify(const ModelSpec& real, const VerifyOptions& o) {
   size_t continued = 0;  // finished sequences already continued as a next turn
   VerifyReport report;
   report.model = real.source;
-  const auto submit = [&](std::vector<int32_t> prompt) -> Status {
+  // Cross-attention models: a few images, so that requests share encoder K/V.
+  const auto image = [&](uint64_t id) {
+    return EncoderInput{id, spec.max_encoder_tokens - static_cast<int64_t>(id % 3)};
+  };
+  const auto submit = [&](std::vector<int32_t> prompt, EncoderInput encoder) -> Status {
     GenerationRequest g;
     g.id = next_id;
     g.prompt = std::move(prompt);
@@ -98,6 +102,7 @@ Result<VerifyReport> RunVerify(const ModelSpec& real, const VerifyOptions& o) {
     g.num_samples = rng.Below(4) == 0 ? 2 : 1;
     g.greedy = g.num_samples == 1 && rng.Below(3) != 0;
     g.seed = rng.Next();
+    g.encoder = encoder;
     next_id += 16;  // room for forked siblings
     ++submitted;
     return engine->Submit(g);
@@ -107,8 +112,11 @@ Result<VerifyReport> RunVerify(const ModelSpec& real, const VerifyOptions& o) {
     while (submitted < o.requests && submitted < 4 + report.steps / 2) {
       const auto& done = engine->finished();
       std::vector<int32_t> prompt;
+      EncoderInput encoder;
+      if (spec.max_encoder_tokens > 0) encoder = image(1 + static_cast<uint64_t>(rng.Below(4)));
       if (continued < done.size() && rng.Below(3) == 0 &&
           static_cast<int64_t>(done[continued].tokens.size()) + 40 < kMaxModelLen - 24) {
+        encoder = done[continued].encoder;
         prompt = done[continued++].tokens;
         const auto more = Tokens(rng, 4 + rng.Below(12), vocab);
         prompt.insert(prompt.end(), more.begin(), more.end());
@@ -117,7 +125,7 @@ Result<VerifyReport> RunVerify(const ModelSpec& real, const VerifyOptions& o) {
         const auto user = Tokens(rng, 1 + rng.Below(40), vocab);
         prompt.insert(prompt.end(), user.begin(), user.end());
       }
-      HKV_RETURN_IF_ERROR(submit(std::move(prompt)));
+      HKV_RETURN_IF_ERROR(submit(std::move(prompt), encoder));
     }
     if (submitted >= o.requests && engine->idle()) break;
     HKV_RETURN_IF_ERROR(engine->Step());

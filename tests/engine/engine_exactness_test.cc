@@ -14,120 +14,17 @@
 #include <hkv/spec/config_loader.h>
 
 #include "engine_test_util.h"
+#include "paged_harness.h"
 
 namespace hkv {
 namespace {
 
-struct Harness {
-  ModelSpec spec;
-  ModelWeights weights;
-  Plan plan;
-  std::optional<KvCacheManager> manager;
-  std::optional<PagedKvCache> cache;
-};
-
-Harness Make(const std::string& model, const TinyModelOptions& o = {}) {
-  Harness s;
-  LoadOptions load{DType::kFP32, DType::kFP32, DType::kFP32};
-  auto real = LoadModelConfig(std::string(HKV_MODELS_DIR) + "/" + model, load);
-  EXPECT_TRUE(real.ok()) << real.status().ToString();
-  auto tiny = ScaleModel(*real, o);
-  EXPECT_TRUE(tiny.ok()) << tiny.status().ToString();
-  s.spec = *tiny;
-  s.weights = ModelWeights::Random(s.spec, o.vocab, 42);
-  PlanOptions po;
-  po.memory_bytes = int64_t{2} << 20;
-  po.block_tokens = 4;
-  po.max_model_len = 256;
-  auto plan = MakePlan(s.spec, po);
-  EXPECT_TRUE(plan.ok()) << plan.status().ToString();
-  s.plan = *plan;
-  auto config = ManagerConfig::FromPlan(s.plan);
-  EXPECT_TRUE(config.ok()) << config.status().ToString();
-  config->checkpoint_interval = config->align_tokens();  // recurrent hits land on these
-  s.manager.emplace(KvCacheManager::Create(*config).value());
-  s.cache.emplace(PagedKvCache::Create(s.plan).value());
-  return s;
-}
-
-struct Generation {
-  std::vector<int32_t> tokens;
-  std::map<int64_t, std::vector<float>> logits;  // per computed position
-  int64_t hit = 0;
-};
-
-// Prefills in chunks, then decodes greedily; every step's K/V go through the manager.
-Generation Generate(Harness& s, RequestId id, const std::vector<int32_t>& prompt, int64_t chunk,
-                    int new_tokens) {
-  Generation g;
-  g.tokens = prompt;
-  KvCacheManager& m = *s.manager;
-  RequestSpec spec;
-  spec.id = id;
-  spec.prompt = prompt;
-  EXPECT_TRUE(m.AddRequest(spec).ok());
-  PrefixHit hit = m.Lookup(id).value();
-  g.hit = hit.tokens;
-  int64_t computed = hit.tokens;
-  const auto vocab = static_cast<size_t>(s.weights.vocab);
-  while (static_cast<int>(g.tokens.size() - prompt.size()) < new_tokens) {
-    const int64_t known = static_cast<int64_t>(g.tokens.size());
-    const int64_t n = std::min(chunk, known - computed);
-    Status st = m.Allocate(id, n, hit);
-    EXPECT_TRUE(st.ok()) << st.ToString();
-    if (!st.ok()) return g;
-    hit = {};
-    const StepInfo step = m.Step(id).value();
-    s.cache->ApplyCopies(step.copies);
-    auto view = s.cache->View(m, id);
-    EXPECT_TRUE(view.ok()) << view.status().ToString();
-    const std::vector<float> logits =
-        Forward(s.spec, s.weights, g.tokens, step.begin, step.end, **view);
-    EXPECT_TRUE((*view)->status().ok()) << (*view)->status().ToString();
-    for (int64_t p = step.begin; p < step.end; ++p) {
-      const auto row = static_cast<size_t>(p - step.begin) * vocab;
-      g.logits[p].assign(logits.begin() + static_cast<ptrdiff_t>(row),
-                         logits.begin() + static_cast<ptrdiff_t>(row + vocab));
-    }
-    EXPECT_TRUE(m.Commit(id, step.end).ok());
-    EXPECT_TRUE(m.CheckInvariants().ok()) << m.CheckInvariants().ToString();
-    computed = step.end;
-    if (computed == known) {
-      const int32_t next = Argmax(g.logits[computed - 1]);
-      g.tokens.push_back(next);
-      EXPECT_TRUE(m.AppendTokens(id, {&next, 1}).ok());
-    }
-  }
-  return g;
-}
-
-// The paged run's tokens are what greedy decoding of the dense model gives, and every logit the
-// paged run computed matches the dense one.
-void ExpectMatchesDense(const Harness& s, const Generation& g, size_t prompt_len) {
-  const std::vector<float> dense = DenseLogits(s.spec, s.weights, g.tokens);
-  const auto vocab = static_cast<size_t>(s.weights.vocab);
-  float worst = 0.0f;
-  for (const auto& [p, row] : g.logits) {
-    for (size_t i = 0; i < vocab; ++i) {
-      worst = std::max(worst, std::fabs(row[i] - dense[static_cast<size_t>(p) * vocab + i]));
-    }
-  }
-  EXPECT_LE(worst, 1e-4f);
-  for (size_t p = prompt_len; p < g.tokens.size(); ++p) {
-    const std::span<const float> row(dense.data() + (p - 1) * vocab, vocab);
-    EXPECT_EQ(g.tokens[p], Argmax(row)) << "generated token at " << p;
-  }
-}
-
-std::vector<int32_t> Prompt(int32_t n, uint32_t seed) {
-  std::vector<int32_t> t;
-  uint32_t x = seed;
-  for (int32_t i = 0; i < n; ++i) {
-    x = x * 1664525u + 1013904223u;
-    t.push_back(static_cast<int32_t>((x >> 8) % 97));
-  }
-  return t;
-}
+using testing::ExpectMatchesDense;
+using testing::Generate;
+using testing::Generation;
+using testing::Harness;
+using testing::Make;
+using testing::Prompt;
 
 class EngineExactness : public ::testing::TestWithParam<std::string> {};
 
@@ -157,17 +54,23 @@ TEST_P(EngineExactness, ChunkedPrefillAndPrefixHitsMatchDense) {
 
 INSTANTIATE_TEST_SUITE_P(Models, EngineExactness, testing::kEngineModels, testing::ModelTestName);
 
-TEST(TinyModel, RefusesKindsTheEngineCannotRunYet) {
-  LoadOptions load{DType::kFP32, DType::kFP32, DType::kFP32};
-  auto mla = LoadModelConfig(std::string(HKV_MODELS_DIR) + "/deepseek-ai--DeepSeek-V2-Lite", load);
-  ASSERT_TRUE(mla.ok());
-  auto tiny = ScaleModel(*mla, {});
-  EXPECT_EQ(tiny.status().code(), StatusCode::kUnsupported);
-  EXPECT_NE(tiny.status().message().find("mla"), std::string::npos) << tiny.status().message();
+TEST(TinyModel, KeepsMlaCrossAttentionAndKvSharedLayers) {
+  const ModelSpec mla = testing::LoadScaled("deepseek-ai--DeepSeek-V2-Lite");
+  ASSERT_FALSE(mla.layers.empty());
+  EXPECT_EQ(mla.layers[0].kind, LayerKind::kMla);
+  EXPECT_EQ(mla.layers[0].head_dim_k, mla.layers[0].kv_lora_rank + mla.layers[0].qk_rope_head_dim);
+  const ModelSpec vision = testing::LoadScaled("meta-llama--Llama-3.2-11B-Vision");
+  EXPECT_TRUE(std::any_of(vision.layers.begin(), vision.layers.end(),
+                          [](const LayerSpec& l) { return l.kind == LayerKind::kCrossAttention; }));
+  EXPECT_EQ(vision.max_encoder_tokens, TinyModelOptions{}.encoder_tokens);
+  // Gemma-3n's KV-shared layers start at layer 20: the scaled model keeps one anyway.
+  const ModelSpec gemma3n = testing::LoadScaled("google--gemma-3n-E4B-it");
+  EXPECT_TRUE(std::any_of(gemma3n.layers.begin(), gemma3n.layers.end(),
+                          [](const LayerSpec& l) { return l.kv_source_layer >= 0; }));
 }
 
 TEST(TinyModel, KeepsThePatternAndScalesSpans) {
-  LoadOptions load{DType::kFP32, DType::kFP32, DType::kFP32};
+  const LoadOptions load{DType::kFP32, DType::kFP32, DType::kFP32};
   auto gemma = LoadModelConfig(std::string(HKV_MODELS_DIR) + "/google--gemma-2-9b", load);
   ASSERT_TRUE(gemma.ok());
   TinyModelOptions o;

@@ -1,4 +1,5 @@
-// Shared by the engine tests: the bundled models the engine runs, and readable test names.
+// Shared by the engine tests: every bundled model (the engine runs them all), and readable test
+// names.
 #pragma once
 
 #include <cctype>
@@ -21,6 +22,7 @@ inline const auto kEngineModels = ::testing::Values(
     "meta-llama--Llama-3.1-8B", "google--gemma-2-9b", "google--gemma-3-4b-it",
     "mistralai--Ministral-8B-Instruct-2410", "meta-llama--Llama-4-Scout-17B-16E-Instruct",
     "openai--gpt-oss-20b", "ai21labs--Jamba-v0.1", "ibm-ai-platform--Bamba-9B",
-    "Qwen--Qwen3-Next-80B-A3B-Instruct");
+    "Qwen--Qwen3-Next-80B-A3B-Instruct", "deepseek-ai--DeepSeek-V2-Lite",
+    "meta-llama--Llama-3.2-11B-Vision", "google--gemma-3n-E4B-it");
 
 }  // namespace hkv::testing

@@ -20,11 +20,13 @@ TEST_P(Verify, RandomWorkloadsMatchDenseAndExerciseEveryFeature) {
   LoadOptions load{DType::kFP32, DType::kFP32, DType::kFP32};
   auto real = LoadModelConfig(std::string(HKV_MODELS_DIR) + "/" + GetParam(), load);
   ASSERT_TRUE(real.ok()) << real.status().ToString();
-  bool windows = false, state = false;
-  for (const LayerSpec& l : real->layers) {
-    if (l.layer >= TinyModelOptions{}.max_layers) continue;
+  bool windows = false, state = false, cross = false;
+  const auto scaled = ScaleModel(*real, {});
+  ASSERT_TRUE(scaled.ok()) << scaled.status().ToString();
+  for (const LayerSpec& l : scaled->layers) {
     windows = windows || l.kind == LayerKind::kSlidingWindow || l.kind == LayerKind::kChunkedLocal;
     state = state || IsRecurrentKind(l.kind);
+    cross = cross || l.kind == LayerKind::kCrossAttention;
   }
   for (uint64_t seed : {1u, 2u}) {
     VerifyOptions o;
@@ -37,7 +39,8 @@ TEST_P(Verify, RandomWorkloadsMatchDenseAndExerciseEveryFeature) {
         std::to_string(f.prefix_hit_tokens) + ", preemptions " + std::to_string(f.preemptions) +
         ", forks " + std::to_string(f.forks) + ", truncations " + std::to_string(f.truncations) +
         ", window frees " + std::to_string(f.window_blocks_freed) + ", checkpoint hits " +
-        std::to_string(f.checkpoint_hits);
+        std::to_string(f.checkpoint_hits) + ", encoder reuses " +
+        std::to_string(f.cross_attention_reuses);
     EXPECT_TRUE(r->completed) << what;
     EXPECT_EQ(r->mismatches, 0) << what;
     EXPECT_LE(r->max_logit_diff, 1e-4f) << what;
@@ -52,6 +55,11 @@ TEST_P(Verify, RandomWorkloadsMatchDenseAndExerciseEveryFeature) {
     }
     if (state) {
       EXPECT_GT(f.checkpoint_hits, 0) << what;
+    }
+    if (cross) {
+      EXPECT_GT(f.cross_attention_reuses, 0) << what;
+    } else {
+      EXPECT_EQ(f.cross_attention_reuses, 0) << what;
     }
   }
 }

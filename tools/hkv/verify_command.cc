@@ -53,7 +53,7 @@ int RunVerifyCommand(const VerifyArgs& args, std::ostream& out, std::ostream& er
                      {"truncations", f.truncations},
                      {"checkpoint_hits", f.checkpoint_hits},
                      {"window_blocks_freed", f.window_blocks_freed},
-                     {"cross_attention_reuses", r.cross_attention_reuses},
+                     {"cross_attention_reuses", f.cross_attention_reuses},
                      {"drafts_accepted", f.drafts_accepted},
                      {"drafts_rejected", f.drafts_rejected}};
     out << j.dump(2) << "\n";
@@ -67,7 +67,7 @@ int RunVerifyCommand(const VerifyArgs& args, std::ostream& out, std::ostream& er
         "  checkpoint hits {}  window blocks freed {}  cross-attention reuses {}\n"
         "  drafts accepted {}  rejected {}\n",
         f.prefix_hit_tokens, f.preemptions, f.forks, f.truncations, f.checkpoint_hits,
-        f.window_blocks_freed, r.cross_attention_reuses, f.drafts_accepted, f.drafts_rejected);
+        f.window_blocks_freed, f.cross_attention_reuses, f.drafts_accepted, f.drafts_rejected);
   }
   return r.mismatches == 0 && r.completed ? 0 : 1;
 }

@@ -28,6 +28,7 @@
 #include <hkv/common/splitmix64.h>
 #include <hkv/engine/paged_kv_cache.h>
 #include <hkv/engine/tiny_model.h>
+#include <hkv/engine/transformer.h>
 #include <hkv/manager/kv_cache_manager.h>
 #include <hkv/plan/plan.h>
 
@@ -46,6 +47,7 @@ struct GenerationRequest {
   int32_t num_samples = 1;  // > 1: fork siblings with ids id + 1 ... after the prompt
   bool greedy = true;       // else seeded sampling from the softmax
   uint64_t seed = 0;
+  EncoderInput encoder;  // cross-attention models: the request's image
 };
 
 struct Sequence {
@@ -55,6 +57,7 @@ struct Sequence {
   std::map<int64_t, std::vector<float>> logits;  // per computed position
   std::map<int64_t, double> draws;  // uniform draw that chose the token at each sampled position
   bool greedy = true;
+  EncoderInput encoder;
 };
 
 struct EngineCounters {
@@ -65,6 +68,7 @@ struct EngineCounters {
   int64_t truncations = 0;
   int64_t checkpoint_hits = 0;  // hits on a model with recurrent state (they land on checkpoints)
   int64_t window_blocks_freed = 0;
+  int64_t cross_attention_reuses = 0;  // requests that started on cached encoder K/V
   int64_t drafts_accepted = 0, drafts_rejected = 0;
 };
 

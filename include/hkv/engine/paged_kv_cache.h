@@ -33,8 +33,9 @@ class PagedKvCache {
 
   class StepView : public KvStore {
    public:
-    float* Key(int32_t layer, int64_t pos) override { return Row(layer, pos, 0); }
-    float* Value(int32_t layer, int64_t pos) override { return Row(layer, pos, 1); }
+    // Rows of one block at most (and of one side of the step's begin and end).
+    KvRows Rows(int32_t layer, int64_t pos) override;
+    bool EncoderPending() const override { return run_encoder_; }
     // The state lives in the step's write slot (initialised from the read slot, or zero).
     float* State(int32_t layer, int which) override;
     // Copies the layer's state into the slot the manager asked for at `position`, if any.
@@ -44,10 +45,11 @@ class PagedKvCache {
 
    private:
     friend class PagedKvCache;
-    float* Row(int32_t layer, int64_t pos, int which);
+    KvRows Fail(int32_t layer, int64_t pos, std::string why);
 
     PagedKvCache* cache_ = nullptr;
     int64_t begin_ = 0, end_ = 0;
+    bool run_encoder_ = false;
     std::vector<std::span<const int32_t>> tables_;  // per group
     std::vector<std::vector<int64_t>> slots_;       // per group, positions [begin, end)
     std::vector<StateStep> states_;                 // per group (state groups only)

@@ -8,8 +8,9 @@
 // the options' small ones, windows and chunks by the options' spans (so they cross several blocks
 // of a test), caches by float32. The result validates and plans like any ModelSpec. Weights are a
 // pure function of (spec, vocab, seed). Recurrent layers get a small geometry of their kind with
-// state tensors in the planned shapes. Layer kinds this runtime cannot execute yet (MLA, cross
-// attention) are refused by name.
+// state tensors in the planned shapes; MLA layers a small latent (MlaWidthsOf); cross-attention
+// models an encoder of at most `encoder_tokens` tokens. A KV-shared layer counts as a kind of its
+// own, so that the scaled model keeps one when the real one has any.
 #pragma once
 
 #include <cstdint>
@@ -29,6 +30,7 @@ struct TinyModelOptions {
   int32_t window = 12;  // every sliding window becomes this many tokens
   int32_t chunk = 16;   // every chunked-local span becomes this many tokens
   int32_t vocab = 97;
+  int32_t encoder_tokens = 10;  // cross-attention models: the largest encoder input
 };
 
 Result<ModelSpec> ScaleModel(const ModelSpec& real, const TinyModelOptions& options);
@@ -43,6 +45,7 @@ struct LayerWeights {
   std::vector<float> attn_norm, mlp_norm;  // RMSNorm gains
   Matrix wq, wk, wv, wo;                   // attention (empty for MLP-only layers)
   std::vector<float> sink_logits;          // per query head, learned sinks only
+  Matrix w_uk, w_uv;                       // MLA: latent -> per-head keys (no RoPE) and values
   Matrix w_gate, w_up, w_down;             // SwiGLU MLP of width 2 * hidden
   // Recurrent mixers (Mamba-1/2, gated DeltaNet).
   Matrix w_in, w_out;
@@ -55,6 +58,14 @@ struct RecurrentWidths {
   int32_t conv = 0, gate = 0, heads = 0;
 };
 RecurrentWidths RecurrentWidthsOf(const LayerSpec& layer);
+
+// Widths of an MLA layer: the cached latent is [compressed KV (rank) | RoPE key (rope)]; each
+// query head has a `nope` part matched against the latent through w_uk and a `rope` part matched
+// against the shared RoPE key; values are `v` wide per head.
+struct MlaWidths {
+  int32_t rank = 0, rope = 0, nope = 0, v = 0;
+};
+MlaWidths MlaWidthsOf(const LayerSpec& layer);
 
 struct ModelWeights {
   int32_t vocab = 0;

@@ -7,7 +7,10 @@
 // computed position. Attention follows each layer's rule: full (every earlier position), sliding
 // window (the last `window` positions plus `sink_tokens` first ones), chunked local (the current
 // chunk), learned per-head sink logits, RoPE unless the layer is NoPE, and KV-shared layers read
-// their source layer's entries. Recurrent layers (Mamba-1, Mamba-2, gated DeltaNet stand-ins with
+// their source layer's entries. MLA layers cache one latent per token and attend in the absorbed
+// form (queries mapped into the latent space, values read from it). Cross-attention layers attend
+// to every encoder token; their K/V are computed from StandInEncoder only when the store says
+// they are pending. Recurrent layers (Mamba-1, Mamba-2, gated DeltaNet stand-ins with
 // the planned state shapes) run a causal depthwise conv over their conv state and a decaying
 // state update over their ssm state, token by token.
 #pragma once
@@ -21,13 +24,32 @@
 
 namespace hkv {
 
+// A cross-attention request's encoder input: a stand-in encoder turns the image id into `tokens`
+// hidden vectors (StandInEncoder), so equal ids give equal encoder outputs.
+struct EncoderInput {
+  uint64_t image = 0;
+  int64_t tokens = 0;
+  bool operator==(const EncoderInput&) const = default;
+};
+
+// Rows of a layer's cache from one position on: `k` (and `v`, null for MLA, whose single latent
+// row is `k`) point at the row of `pos`, and rows [pos, pos + n) follow one another in memory,
+// so attention reads a run per call rather than a row.
+struct KvRows {
+  float* k = nullptr;
+  float* v = nullptr;
+  int64_t n = 0;
+};
+
 class KvStore {
  public:
   virtual ~KvStore() = default;
-  // Row of num_kv_heads * head_dim floats for layer `layer` (an index into ModelSpec::layers of
-  // a cache-owning layer) at position `pos`.
-  virtual float* Key(int32_t layer, int64_t pos) = 0;
-  virtual float* Value(int32_t layer, int64_t pos) = 0;
+  // Layer `layer` (an index into ModelSpec::layers of a cache-owning layer) from decoder
+  // position `pos` on, or from encoder token `pos` on for a cross-attention layer. A row is
+  // num_kv_heads * head_dim floats.
+  virtual KvRows Rows(int32_t layer, int64_t pos) = 0;
+  // Whether the pass must compute the encoder's K/V (they are not cached yet).
+  virtual bool EncoderPending() const = 0;
   // Recurrent layer `layer`'s working state tensor `which` (0: conv, 1: ssm). When the pass
   // starts it holds the state after `begin` tokens; the pass updates it in place.
   virtual float* State(int32_t layer, int which) = 0;
@@ -35,14 +57,36 @@ class KvStore {
   virtual void AfterPosition(int32_t layer, int64_t position) = 0;
 };
 
+// Private, contiguous K/V and states for every layer of one sequence of up to `tokens` tokens:
+// the dense reference's store, and the contiguous side of the paged-attention benchmark.
+class ContiguousKvStore : public KvStore {
+ public:
+  ContiguousKvStore(const ModelSpec& spec, int64_t tokens, int64_t encoder_tokens);
+  KvRows Rows(int32_t layer, int64_t pos) override;
+  bool EncoderPending() const override { return true; }
+  float* State(int32_t layer, int which) override;
+  void AfterPosition(int32_t, int64_t) override {}
+
+ private:
+  struct Layer {
+    size_t k_width = 0, v_width = 0;
+    int64_t rows = 0;
+    std::vector<float> k, v, conv, ssm;
+  };
+  std::vector<Layer> layers_;
+};
+
+// Encoder output for `input`: tokens x hidden floats, a pure function of (image, token, hidden).
+std::vector<float> StandInEncoder(const EncoderInput& input, int32_t hidden);
+
 std::vector<float> Forward(const ModelSpec& spec, const ModelWeights& weights,
                            std::span<const int32_t> tokens, int64_t begin, int64_t end,
-                           KvStore& store);
+                           KvStore& store, const EncoderInput& encoder = {});
 
 // The dense no-cache reference: recomputes the whole sequence from scratch with private K/V and
 // returns the logits of every position.
 std::vector<float> DenseLogits(const ModelSpec& spec, const ModelWeights& weights,
-                               std::span<const int32_t> tokens);
+                               std::span<const int32_t> tokens, const EncoderInput& encoder = {});
 
 // Index of the largest logit (the first on ties): greedy decoding.
 int32_t Argmax(std::span<const float> logits);

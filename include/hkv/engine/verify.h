@@ -33,8 +33,7 @@ struct VerifyReport {
   int64_t mismatches = 0;
   float max_logit_diff = 0.0f;
   EngineCounters features;
-  int64_t cross_attention_reuses = 0;  // the engine has no cross attention yet: always 0
-  bool completed = false;              // every request finished within max_steps
+  bool completed = false;  // every request finished within max_steps
 };
 
 Result<VerifyReport> RunVerify(const ModelSpec& real, const VerifyOptions& options);
