@@ -109,6 +109,10 @@ Status Engine::Submit(const GenerationRequest& request) {
   return Status::Ok();
 }
 
+void Engine::AfterManagerCall() {
+  if (options_.poison_free_blocks) cache_.PoisonFreeBlocks(*manager_);
+}
+
 int64_t Engine::WindowNulls(RequestId id) const {
   int64_t nulls = 0;
   const auto& groups = manager_->config().groups;
@@ -140,6 +144,7 @@ Status Engine::Preempt(const Live* victim) {
   std::unique_ptr<Live> v = std::move(*it);
   running_.erase(it);
   HKV_RETURN_IF_ERROR(manager_->Free(v->seq.id));
+  AfterManagerCall();
   v->started = false;
   ++counters_.preemptions;
   preempted_this_step_ = true;
@@ -186,6 +191,7 @@ Result<bool> Engine::RunStep(Live& r, int64_t n, const std::vector<int32_t>& dra
     const Status st = manager_->Allocate(id, total, hit);
     if (st.code() != StatusCode::kResourceExhausted) {
       HKV_RETURN_IF_ERROR(st);
+      AfterManagerCall();
       break;
     }
     if (running_.back().get() != &r) {
@@ -240,7 +246,9 @@ Result<bool> Engine::RunStep(Live& r, int64_t n, const std::vector<int32_t>& dra
   }
   if (commit_at < step.end && (truncate_toggle_++ % 2 == 1)) {
     HKV_RETURN_IF_ERROR(manager_->Commit(id, step.end));
+    AfterManagerCall();
     HKV_ASSIGN_OR_RETURN(const TruncateResult t, manager_->Truncate(id, commit_at));
+    AfterManagerCall();
     ++counters_.truncations;
     if (t.computed != commit_at) {
       return Status::FailedPrecondition(fmt::format(
@@ -248,6 +256,7 @@ Result<bool> Engine::RunStep(Live& r, int64_t n, const std::vector<int32_t>& dra
     }
   } else {
     HKV_RETURN_IF_ERROR(manager_->Commit(id, commit_at));
+    AfterManagerCall();
   }
   counters_.window_blocks_freed += std::max<int64_t>(0, WindowNulls(id) - nulls_before);
   for (int64_t p = step.begin; p < commit_at; ++p)
@@ -314,6 +323,7 @@ Status Engine::Step() {
     if (static_cast<int64_t>(r->seq.tokens.size()) - r->seq.prompt_len >= r->max_new_tokens &&
         r->prefilled) {
       HKV_RETURN_IF_ERROR(manager_->Free(id));
+      AfterManagerCall();
       finished_.push_back(r->seq);
       std::erase_if(running_, [&](const auto& p) { return p.get() == r; });
     }

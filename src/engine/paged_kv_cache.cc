@@ -1,13 +1,34 @@
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <new>
 
 #include <fmt/format.h>
+#include <sys/mman.h>
 
 #include <hkv/engine/paged_kv_cache.h>
 
 namespace hkv {
 
 PagedKvCache::PagedKvCache(const Plan& plan) : plan_(plan) {}
+
+void PagedKvCache::Buffer::Free::operator()(unsigned char* p) const {
+  std::free(p);
+}
+
+PagedKvCache::Buffer PagedKvCache::AllocateBuffer(int64_t bytes) {
+  constexpr size_t kHuge = size_t{2} << 20;
+  const size_t size =
+      (static_cast<size_t>(std::max<int64_t>(bytes, 1)) + kHuge - 1) / kHuge * kHuge;
+  auto* p = static_cast<unsigned char*>(std::aligned_alloc(kHuge, size));
+  if (p == nullptr) throw std::bad_alloc();
+#ifdef MADV_HUGEPAGE
+  madvise(p, size, MADV_HUGEPAGE);  // advice only: without huge pages the cache still works
+#endif
+  std::memset(p, 0, size);
+  return Buffer{std::unique_ptr<unsigned char[], Buffer::Free>(p)};
+}
 
 Result<PagedKvCache> PagedKvCache::Create(const Plan& plan) {
   PagedKvCache c(plan);
@@ -18,7 +39,7 @@ Result<PagedKvCache> PagedKvCache::Create(const Plan& plan) {
           "paged cache: page class {} needs {} bytes; plan the tiny model with a smaller budget",
           pc.id, bytes));
     }
-    c.buffers_.emplace_back(static_cast<size_t>(bytes));
+    c.buffers_.push_back(AllocateBuffer(bytes));
   }
   c.group_of_layer_.assign(plan.model.layers.size(), -1);
   c.tensors_.resize(plan.model.layers.size());
@@ -39,6 +60,26 @@ Result<PagedKvCache> PagedKvCache::Create(const Plan& plan) {
     if (v.name == "conv") lt.conv = static_cast<int32_t>(t);
     if (v.name == "ssm") lt.ssm = static_cast<int32_t>(t);
   }
+  c.address_.resize(plan.model.layers.size());
+  for (size_t l = 0; l < plan.model.layers.size(); ++l) {
+    const LayerTensors& lt = c.tensors_[l];
+    const int32_t g = c.group_of_layer_[l];
+    if (g < 0 || lt.k < 0) continue;
+    const KvGroup& group = plan.groups[static_cast<size_t>(g)];
+    RowAddress& a = c.address_[l];
+    a.group = g;
+    a.encoder = group.rule.kind == TokenRuleKind::kEncoder;
+    a.block_tokens = group.block_tokens;
+    const auto place = [&](int32_t t, unsigned char*& base, int64_t& stride, int64_t& row) {
+      if (t < 0) return;
+      const TensorView& v = plan.layout.tensors[static_cast<size_t>(t)];
+      base = c.buffers_[static_cast<size_t>(v.page_class)].data() + v.offset;
+      stride = v.block_stride;
+      row = v.bytes / group.block_tokens;
+    };
+    place(lt.k, a.k_base, a.k_stride, a.k_row);
+    place(lt.v, a.v_base, a.v_stride, a.v_row);
+  }
   return c;
 }
 
@@ -54,6 +95,29 @@ void PagedKvCache::ApplyCopies(std::span<const BlockCopy> copies) {
                      static_cast<size_t>(v.bytes));
       }
     }
+  }
+}
+
+void PagedKvCache::PoisonFreeBlocks(const KvCacheManager& manager) {
+  poisoned_.resize(plan_.page_classes.size());
+  for (size_t pc = 0; pc < plan_.page_classes.size(); ++pc) {
+    std::vector<char>& was = poisoned_[pc];
+    was.resize(static_cast<size_t>(plan_.page_classes[pc].num_pages), 0);
+    scratch_blocks_.clear();
+    manager.UncachedFreeBlocks(static_cast<int32_t>(pc), scratch_blocks_);
+    std::vector<char> now(was.size(), 0);
+    for (int32_t b : scratch_blocks_) {
+      now[static_cast<size_t>(b)] = 1;
+      if (was[static_cast<size_t>(b)] != 0) continue;
+      for (size_t t = 0; t < plan_.layout.tensors.size(); ++t) {
+        const TensorView& v = plan_.layout.tensors[t];
+        if (static_cast<size_t>(v.page_class) != pc) continue;
+        auto* f = reinterpret_cast<float*>(BlockOf(static_cast<int32_t>(t), b));
+        std::fill_n(f, v.bytes / static_cast<int64_t>(sizeof(float)),
+                    std::numeric_limits<float>::quiet_NaN());
+      }
+    }
+    was.swap(now);
   }
 }
 
@@ -147,41 +211,34 @@ KvRows PagedKvCache::StepView::Fail(int32_t layer, int64_t pos, std::string why)
 }
 
 KvRows PagedKvCache::StepView::Rows(int32_t layer, int64_t pos) {
-  const PagedKvCache& c = *cache_;
-  const int32_t g = c.group_of_layer_[static_cast<size_t>(layer)];
-  const LayerTensors& lt = c.tensors_[static_cast<size_t>(layer)];
-  if (g < 0 || lt.k < 0) return Fail(layer, pos, "the layer owns no cache tensor");
-  const KvGroup& group = c.plan_.groups[static_cast<size_t>(g)];
-  const int64_t bs = group.block_tokens;
-  const bool encoder = group.rule.kind == TokenRuleKind::kEncoder;
+  const RowAddress& a = cache_->address_[static_cast<size_t>(layer)];
+  if (a.group < 0) return Fail(layer, pos, "the layer owns no cache tensor");
+  const int64_t bs = a.block_tokens;
   int64_t block = 0, offset = 0, n = 0;
-  if (!encoder && pos >= begin_ && pos < end_) {
+  if (!a.encoder && pos >= begin_ && pos < end_) {
     // The step's own positions: where SlotMapping put them.
-    const auto& slots = slots_[static_cast<size_t>(g)];
-    const int64_t slot = slots[static_cast<size_t>(pos - begin_)];
+    const int64_t slot = slots_[static_cast<size_t>(a.group)][static_cast<size_t>(pos - begin_)];
     block = slot / bs;
     offset = slot % bs;
     n = std::min(bs - offset, end_ - pos);
   } else {
-    const auto& table = tables_[static_cast<size_t>(g)];
+    const auto& table = tables_[static_cast<size_t>(a.group)];
     if (pos < 0 || pos / bs >= static_cast<int64_t>(table.size())) {
       return Fail(layer, pos, "outside the block table");
     }
     block = table[static_cast<size_t>(pos / bs)];
     offset = pos % bs;
     n = bs - offset;
-    if (!encoder && pos < begin_) n = std::min(n, begin_ - pos);
-    if (block == BlockPool::kNullBlock)
+    if (!a.encoder && pos < begin_) n = std::min(n, begin_ - pos);
+    if (block == BlockPool::kNullBlock) {
       return Fail(layer, pos, "the block table holds the null block");
+    }
   }
-  const auto row = [&](int32_t t) -> float* {
-    if (t < 0) return nullptr;
-    const TensorView& v = c.plan_.layout.tensors[static_cast<size_t>(t)];
-    unsigned char* p = cache_->buffers_[static_cast<size_t>(v.page_class)].data() + v.offset +
-                       block * v.block_stride + offset * (v.bytes / bs);
-    return reinterpret_cast<float*>(p);
-  };
-  return {row(lt.k), row(lt.v), n};
+  float* k = reinterpret_cast<float*>(a.k_base + block * a.k_stride + offset * a.k_row);
+  float* v = a.v_base == nullptr
+                 ? nullptr
+                 : reinterpret_cast<float*>(a.v_base + block * a.v_stride + offset * a.v_row);
+  return {k, v, n};
 }
 
 }  // namespace hkv

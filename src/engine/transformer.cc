@@ -7,14 +7,27 @@
 namespace hkv {
 namespace {
 
-void MatVec(const Matrix& m, const float* x, float* y) {
-  for (int32_t r = 0; r < m.rows; ++r) {
-    const float* row = m.w.data() + static_cast<size_t>(r) * static_cast<size_t>(m.cols);
-    float acc = 0.0f;
-    for (int32_t c = 0; c < m.cols; ++c)
-      acc += row[c] * x[c];
-    y[r] = acc;
+// Eight interleaved partial sums: the compiler keeps them in vector lanes, where one running sum
+// would serialise every add (strict float order forbids reassociating it). The order is fixed,
+// so the dense and paged passes, which share this code, still agree bit for bit.
+float Dot(const float* a, const float* b, int32_t n) {
+  constexpr int32_t kLanes = 8;
+  float lane[kLanes] = {};
+  int32_t c = 0;
+  for (; c + kLanes <= n; c += kLanes) {
+    for (int32_t k = 0; k < kLanes; ++k)
+      lane[k] += a[c + k] * b[c + k];
   }
+  float acc =
+      ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+  for (; c < n; ++c)
+    acc += a[c] * b[c];
+  return acc;
+}
+
+void MatVec(const Matrix& m, const float* x, float* y) {
+  for (int32_t r = 0; r < m.rows; ++r)
+    y[r] = Dot(m.w.data() + static_cast<size_t>(r) * static_cast<size_t>(m.cols), x, m.cols);
 }
 
 void RmsNorm(const float* x, const std::vector<float>& gain, float* y) {
@@ -79,38 +92,72 @@ void GatherRuns(KvStore& store, int32_t layer, int64_t lo, int64_t hi, std::vect
   }
 }
 
-// Softmax attention of one query head over `runs`: keys at column `k_at` of rows `k_width`
-// wide, values at `v_at` of rows `v_width` wide (d floats each). `sink` is a learned sink logit
-// (or -inf). Scores are accumulated in position order, whatever the run boundaries, so paged and
-// contiguous stores give bit-identical results.
-void AttendHead(std::span<const KvRows> runs, const float* q, int32_t d, size_t k_width,
-                size_t k_at, size_t v_width, size_t v_at, float scale, float sink,
-                std::vector<float>& scores, float* o) {
-  scores.clear();
-  float mx = sink;
-  for (const KvRows& r : runs) {
-    for (int64_t i = 0; i < r.n; ++i) {
-      const float* k = r.k + static_cast<size_t>(i) * k_width + k_at;
-      float s = 0.0f;
-      for (int32_t c = 0; c < d; ++c)
-        s += q[c] * k[c];
-      scores.push_back(s * scale);
-      mx = std::max(mx, scores.back());
+// Asks for the cache lines of `n` rows `width` floats apart, starting at `p`.
+void Prefetch(const float* p, int64_t n, size_t width) {
+  const auto* bytes = reinterpret_cast<const char*>(p);
+  const size_t span = static_cast<size_t>(n) * width * sizeof(float);
+  for (size_t off = 0; off < span; off += 64)
+    __builtin_prefetch(bytes + off);
+}
+
+// Softmax attention of `heads` query heads over `runs`, every `group` consecutive heads sharing
+// one KV head: head h's query is q + h * d, its keys and values the d floats at column
+// (h / group) * d of rows `k_width` / `v_width` wide; `sinks` holds a learned sink logit per head
+// (null: none); head h's output goes to o + h * d. All heads share one pass over the keys and one
+// over the values (the cache is read once per query position), and every head accumulates in
+// position order whatever the run boundaries, so paged and contiguous stores give bit-identical
+// results.
+void Attend(std::span<const KvRows> runs, const float* q, int32_t heads, int32_t group, int32_t d,
+            size_t k_width, size_t v_width, float scale, const float* sinks,
+            std::vector<float>& scores, float* o) {
+  int64_t total = 0;
+  for (const KvRows& r : runs)
+    total += r.n;
+  const auto stride = static_cast<size_t>(total);
+  const auto column = [&](int32_t h) { return static_cast<size_t>(h / group * d); };
+  scores.resize(static_cast<size_t>(heads) * (stride + 1));  // scores, then a sum per head
+  size_t at = 0;
+  for (size_t ri = 0; ri < runs.size(); ++ri) {
+    const KvRows& r = runs[ri];
+    // Paged runs are blocks scattered in memory: fetch the keys two runs ahead while this one is
+    // scored, as the hardware prefetcher does for a contiguous store.
+    if (ri + 2 < runs.size()) Prefetch(runs[ri + 2].k, runs[ri + 2].n, k_width);
+    for (int64_t i = 0; i < r.n; ++i, ++at) {
+      const float* k = r.k + static_cast<size_t>(i) * k_width;
+      for (int32_t h = 0; h < heads; ++h) {
+        scores[static_cast<size_t>(h) * stride + at] =
+            Dot(q + static_cast<size_t>(h * d), k + column(h), d) * scale;
+      }
     }
   }
-  float denom = std::isinf(sink) ? 0.0f : std::exp(sink - mx);
-  for (float& s : scores) {
-    s = std::exp(s - mx);
-    denom += s;
+  float* denom = scores.data() + static_cast<size_t>(heads) * stride;
+  for (int32_t h = 0; h < heads; ++h) {
+    float* sh = scores.data() + static_cast<size_t>(h) * stride;
+    const float sink = sinks != nullptr ? sinks[h] : -INFINITY;
+    float mx = sink;
+    for (size_t j = 0; j < stride; ++j)
+      mx = std::max(mx, sh[j]);
+    float sum = sinks != nullptr ? std::exp(sink - mx) : 0.0f;
+    for (size_t j = 0; j < stride; ++j) {
+      sh[j] = std::exp(sh[j] - mx);
+      sum += sh[j];
+    }
+    denom[h] = sum;
   }
-  std::fill(o, o + d, 0.0f);
-  size_t at = 0;
-  for (const KvRows& r : runs) {
-    for (int64_t i = 0; i < r.n; ++i) {
-      const float* v = r.v + static_cast<size_t>(i) * v_width + v_at;
-      const float p = scores[at++] / denom;
-      for (int32_t c = 0; c < d; ++c)
-        o[c] += p * v[c];
+  std::fill(o, o + static_cast<size_t>(heads * d), 0.0f);
+  at = 0;
+  for (size_t ri = 0; ri < runs.size(); ++ri) {
+    const KvRows& r = runs[ri];
+    if (ri + 2 < runs.size()) Prefetch(runs[ri + 2].v, runs[ri + 2].n, v_width);
+    for (int64_t i = 0; i < r.n; ++i, ++at) {
+      const float* v = r.v + static_cast<size_t>(i) * v_width;
+      for (int32_t h = 0; h < heads; ++h) {
+        const float p = scores[static_cast<size_t>(h) * stride + at] / denom[h];
+        const float* vh = v + column(h);
+        float* oh = o + static_cast<size_t>(h * d);
+        for (int32_t c = 0; c < d; ++c)
+          oh[c] += p * vh[c];
+      }
     }
   }
 }
@@ -302,12 +349,8 @@ void Attention(const ModelSpec& spec, size_t li, const LayerWeights& w, int64_t 
       for (int i = 0; i < count; ++i)
         GatherRuns(store, source, ranges[i][0], ranges[i][1], s.runs);
     }
-    for (int32_t head = 0; head < qh; ++head) {
-      const auto at = static_cast<size_t>(head / (qh / kvh) * d);
-      const float sink = l.learned_sinks ? w.sink_logits[static_cast<size_t>(head)] : -INFINITY;
-      AttendHead(s.runs, s.queries.data() + t * q_width + static_cast<size_t>(head * d), d, row, at,
-                 row, at, scale, sink, s.scores, s.att.data() + head * d);
-    }
+    Attend(s.runs, s.queries.data() + t * q_width, qh, qh / kvh, d, row, row, scale,
+           l.learned_sinks ? w.sink_logits.data() : nullptr, s.scores, s.att.data());
     MatVec(w.wo, s.att.data(), s.out.data());
     for (size_t i = 0; i < hs; ++i)
       x[t * hs + i] += s.out[i];
@@ -342,8 +385,8 @@ void LatentAttention(const ModelSpec& spec, size_t li, const LayerWeights& w, in
   const float scale = 1.0f / std::sqrt(static_cast<float>(m.nope + m.rope));
   const auto row = static_cast<size_t>(m.rank + m.rope);
   s.att.resize(static_cast<size_t>(qh * m.v));
-  s.absorbed.resize(row);
-  s.latent_out.resize(row);
+  s.absorbed.resize(static_cast<size_t>(qh) * row);
+  s.latent_out.resize(static_cast<size_t>(qh) * row);
   for (size_t t = 0; t < n; ++t) {
     const int64_t pos = begin + static_cast<int64_t>(t);
     s.runs.clear();
@@ -351,25 +394,30 @@ void LatentAttention(const ModelSpec& spec, size_t li, const LayerWeights& w, in
     // Values are the latent part of the same rows.
     for (KvRows& r : s.runs)
       r.v = r.k;
+    // absorbed(head) = [w_uk(head)^T q_nope | q_rope]: one dot product with the cached row.
     for (int32_t head = 0; head < qh; ++head) {
       const float* q = s.queries.data() + t * q_width + static_cast<size_t>(head) * q_head;
-      // absorbed = [w_uk(head)^T q_nope | q_rope]: one dot product with the cached row.
+      float* a = s.absorbed.data() + static_cast<size_t>(head) * row;
       for (int32_t r = 0; r < m.rank; ++r) {
         float acc = 0.0f;
         for (int32_t i = 0; i < m.nope; ++i) {
           acc += w.w_uk.w[static_cast<size_t>((head * m.nope + i) * m.rank + r)] * q[i];
         }
-        s.absorbed[static_cast<size_t>(r)] = acc;
+        a[r] = acc;
       }
-      std::copy_n(q + m.nope, m.rope, s.absorbed.data() + m.rank);
-      AttendHead(s.runs, s.absorbed.data(), m.rank + m.rope, row, 0, row, 0, scale, -INFINITY,
-                 s.scores, s.latent_out.data());
-      // AttendHead also averaged the rope keys; only the latent part feeds w_uv.
+      std::copy_n(q + m.nope, m.rope, a + m.rank);
+    }
+    // Every head attends over the same latent rows: one pass for all of them.
+    Attend(s.runs, s.absorbed.data(), qh, qh, m.rank + m.rope, row, row, scale, nullptr, s.scores,
+           s.latent_out.data());
+    // The averaged rows include the rope keys; only the latent part feeds w_uv.
+    for (int32_t head = 0; head < qh; ++head) {
+      const float* lat = s.latent_out.data() + static_cast<size_t>(head) * row;
       for (int32_t i = 0; i < m.v; ++i) {
         const float* wr = w.w_uv.w.data() + static_cast<size_t>((head * m.v + i) * m.rank);
         float acc = 0.0f;
         for (int32_t r = 0; r < m.rank; ++r)
-          acc += wr[r] * s.latent_out[static_cast<size_t>(r)];
+          acc += wr[r] * lat[r];
         s.att[static_cast<size_t>(head * m.v + i)] = acc;
       }
     }

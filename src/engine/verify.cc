@@ -78,6 +78,7 @@ Result<VerifyReport> RunVerify(const ModelSpec& real, const VerifyOptions& o) {
   eo.token_budget = 48;
   eo.chunk = 12;
   eo.draft_tokens = 2;
+  eo.poison_free_blocks = true;
   HKV_ASSIGN_OR_RETURN(auto engine, Engine::Create(spec, weights, plan, config, eo));
 
   SplitMix64 rng(o.seed);

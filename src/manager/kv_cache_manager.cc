@@ -538,6 +538,14 @@ std::vector<int32_t> KvCacheManager::FreeListOrder(int32_t pool) const {
   return impl_->pools[static_cast<size_t>(pool)].FreeListOrder();
 }
 
+void KvCacheManager::UncachedFreeBlocks(int32_t pool, std::vector<int32_t>& out) const {
+  if (pool < 0 || static_cast<size_t>(pool) >= impl_->pools.size()) return;
+  const BlockPool& bp = impl_->pools[static_cast<size_t>(pool)];
+  for (int32_t b : bp.FreeListOrder()) {
+    if (!bp.has_identity(b)) out.push_back(b);
+  }
+}
+
 Status KvCacheManager::CheckInvariants() const {
   return impl_->CheckInvariants();
 }

@@ -38,6 +38,9 @@ struct EngineOptions {
   int64_t token_budget = 64;
   int64_t chunk = 16;
   int32_t draft_tokens = 0;  // speculative drafts per decode step; 0: none
+  // Fill blocks with NaN as they become free without a prefix identity, so that any read the
+  // manager did not sanction changes the output (PagedKvCache::PoisonFreeBlocks).
+  bool poison_free_blocks = false;
 };
 
 struct GenerationRequest {
@@ -112,6 +115,7 @@ class Engine {
   Status FinishOrSample(Live& r, const std::vector<float>& last_logits, int64_t pos);
   int32_t Sample(Live& r, std::span<const float> logits, int64_t pos);
   int64_t WindowNulls(RequestId id) const;
+  void AfterManagerCall();
 
   const ModelSpec& spec_;
   const ModelWeights& weights_;

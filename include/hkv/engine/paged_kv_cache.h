@@ -31,6 +31,12 @@ class PagedKvCache {
 
   void ApplyCopies(std::span<const BlockCopy> copies);
 
+  // Debugging aid: fills with NaN every block that became free without a prefix identity since
+  // the last call (call it after every manager call that allocates or frees). No request may read
+  // such a block again, so an engine that reads one anyway - a stale table, a step it was not
+  // given, state it did not initialise - gets NaN logits instead of plausible leftovers.
+  void PoisonFreeBlocks(const KvCacheManager& manager);
+
   class StepView : public KvStore {
    public:
     // Rows of one block at most (and of one side of the step's begin and end).
@@ -69,9 +75,33 @@ class PagedKvCache {
   explicit PagedKvCache(const Plan& plan);
 
   Plan plan_;
-  std::vector<std::vector<unsigned char>> buffers_;  // per page class
-  std::vector<int32_t> group_of_layer_;              // per LayerSpec; -1: owns no cache
-  std::vector<LayerTensors> tensors_;                // per LayerSpec
+  // One zeroed buffer per page class, 2 MiB aligned and backed by huge pages where the OS
+  // allows: a paged read jumps between blocks, and 4 KiB pages would turn each jump into a TLB
+  // miss that a contiguous store does not pay.
+  struct Buffer {
+    struct Free {
+      void operator()(unsigned char* p) const;
+    };
+    std::unique_ptr<unsigned char[], Free> bytes;
+    unsigned char* data() const { return bytes.get(); }
+  };
+  static Buffer AllocateBuffer(int64_t bytes);
+  std::vector<Buffer> buffers_;              // per page class
+  std::vector<std::vector<char>> poisoned_;  // per page class, per block
+  std::vector<int32_t> scratch_blocks_;
+  std::vector<int32_t> group_of_layer_;  // per LayerSpec; -1: owns no cache
+  std::vector<LayerTensors> tensors_;    // per LayerSpec
+  // How Rows finds a cache-owning layer's rows, resolved once from the plan: row `o` of block b
+  // is at base + b * block_stride + o * row_bytes.
+  struct RowAddress {
+    int32_t group = -1;
+    bool encoder = false;
+    int64_t block_tokens = 0;
+    unsigned char* k_base = nullptr;
+    unsigned char* v_base = nullptr;  // null for MLA
+    int64_t k_stride = 0, v_stride = 0, k_row = 0, v_row = 0;
+  };
+  std::vector<RowAddress> address_;  // per LayerSpec
 };
 
 }  // namespace hkv
