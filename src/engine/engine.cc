@@ -50,10 +50,11 @@ Engine::Engine(const ModelSpec& spec, const ModelWeights& weights, KvCacheManage
 Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& spec, const ModelWeights& weights,
                                                const Plan& plan, const ManagerConfig& config,
                                                const EngineOptions& options) {
-  if (options.token_budget < 1 || options.chunk < 1 || options.draft_tokens < 0) {
-    return Status::InvalidArgument(
-        fmt::format("engine: token budget {} and chunk {} must be >= 1, draft tokens {} >= 0",
-                    options.token_budget, options.chunk, options.draft_tokens));
+  if (options.token_budget < 1 || options.chunk < 1 || options.draft_tokens < 0 ||
+      options.lookahead < 0) {
+    return Status::InvalidArgument(fmt::format(
+        "engine: token budget {} and chunk {} must be >= 1, draft tokens {} and lookahead {} >= 0",
+        options.token_budget, options.chunk, options.draft_tokens, options.lookahead));
   }
   HKV_ASSIGN_OR_RETURN(KvCacheManager manager, KvCacheManager::Create(config));
   HKV_ASSIGN_OR_RETURN(PagedKvCache cache, PagedKvCache::Create(plan));
@@ -102,6 +103,7 @@ Status Engine::Submit(const GenerationRequest& request) {
   r->seq.prompt_len = static_cast<int64_t>(request.prompt.size());
   r->seq.greedy = request.greedy;
   r->seq.encoder = request.encoder;
+  r->seq.retention = request.retention;
   r->max_new_tokens = request.max_new_tokens;
   r->num_samples = request.num_samples;
   r->rng = SplitMix64(request.seed);
@@ -130,6 +132,7 @@ Status Engine::Admit(Live& r) {
   RequestSpec spec;
   spec.id = r.seq.id;
   spec.prompt = r.seq.tokens;
+  spec.retention = r.seq.retention;
   spec.encoder_tokens = r.seq.encoder.tokens;
   // The stand-in encoder's output is a function of the image id alone: it is the input digest.
   spec.encoder_input = {r.seq.encoder.image, 0x1a6e};
@@ -188,7 +191,11 @@ Result<bool> Engine::RunStep(Live& r, int64_t n, const std::vector<int32_t>& dra
   // Out of blocks: preempt the newest request admitted after this one and retry; if this one is
   // the newest, it yields itself. The oldest request therefore always makes progress.
   for (;;) {
-    const Status st = manager_->Allocate(id, total, hit);
+    // Lookahead never reaches past the model's length: the manager would refuse the step.
+    const int64_t computed = r.started ? manager_->NumComputed(id).value() : hit.tokens;
+    const int64_t lookahead = std::clamp<int64_t>(
+        manager_->config().max_model_len - computed - total, 0, options_.lookahead);
+    const Status st = manager_->Allocate(id, total, hit, lookahead);
     if (st.code() != StatusCode::kResourceExhausted) {
       HKV_RETURN_IF_ERROR(st);
       AfterManagerCall();

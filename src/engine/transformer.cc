@@ -176,7 +176,7 @@ void RecurrentToken(const LayerSpec& l, const LayerWeights& w, const float* h, f
                     float* ssm, std::vector<float>& proj, std::vector<float>& c, float* y) {
   const RecurrentWidths r = RecurrentWidthsOf(l);
   const RecurrentGeometry& g = l.recurrent;
-  proj.resize(static_cast<size_t>(r.conv + r.gate + r.heads));
+  proj.resize(static_cast<size_t>(r.conv + r.gate + 3 * r.heads));  // + step sizes, decays
   MatVec(w.w_in, h, proj.data());
   const float* u = proj.data();
   const float* z = u + r.conv;
@@ -194,10 +194,15 @@ void RecurrentToken(const LayerSpec& l, const LayerWeights& w, const float* h, f
     std::copy_n(conv + (j + 1) * r.conv, r.conv, conv + j * r.conv);
   }
   if (keep > 0) std::copy_n(u, r.conv, conv + (keep - 1) * r.conv);
-  const auto dt = [&](int32_t head) { return Softplus(dt_raw[head]); };
-  const auto decay = [&](int32_t head) {
-    return std::exp(-dt(head) * std::exp(w.decay[static_cast<size_t>(head)]));
-  };
+  // Step size and decay once per head and token (the scans below use them per state element).
+  float* dts = proj.data() + (r.conv + r.gate + r.heads);
+  float* decays = dts + r.heads;
+  for (int32_t head = 0; head < r.heads; ++head) {
+    dts[head] = Softplus(dt_raw[head]);
+    decays[head] = std::exp(-dts[head] * std::exp(w.decay[static_cast<size_t>(head)]));
+  }
+  const auto dt = [&](int32_t head) { return dts[head]; };
+  const auto decay = [&](int32_t head) { return decays[head]; };
   switch (l.kind) {
     case LayerKind::kMamba1: {
       const int32_t n = g.d_state;

@@ -74,11 +74,14 @@ Result<VerifyReport> RunVerify(const ModelSpec& real, const VerifyOptions& o) {
   }
   HKV_ASSIGN_OR_RETURN(ManagerConfig config, ManagerConfig::FromPlan(plan));
   config.checkpoint_interval = 2 * config.align_tokens();
+  // Every third seed runs as an EAGLE-style engine would: hits end one block early.
+  config.drop_last_hit_block = o.seed % 3 == 0;
   EngineOptions eo;
   eo.token_budget = 48;
   eo.chunk = 12;
   eo.draft_tokens = 2;
   eo.poison_free_blocks = true;
+  eo.lookahead = 2;
   HKV_ASSIGN_OR_RETURN(auto engine, Engine::Create(spec, weights, plan, config, eo));
 
   SplitMix64 rng(o.seed);
@@ -104,6 +107,7 @@ Result<VerifyReport> RunVerify(const ModelSpec& real, const VerifyOptions& o) {
     g.greedy = g.num_samples == 1 && rng.Below(3) != 0;
     g.seed = rng.Next();
     g.encoder = encoder;
+    g.retention = rng.Below(4) == 0 ? Retention::kLow : Retention::kNormal;
     next_id += 16;  // room for forked siblings
     ++submitted;
     return engine->Submit(g);

@@ -38,6 +38,9 @@ struct EngineOptions {
   int64_t token_budget = 64;
   int64_t chunk = 16;
   int32_t draft_tokens = 0;  // speculative drafts per decode step; 0: none
+  // Slots reserved past each step (Allocate's lookahead), as engines that schedule the next
+  // step's drafts ahead do; never read, so poisoning shows any use of them.
+  int64_t lookahead = 0;
   // Fill blocks with NaN as they become free without a prefix identity, so that any read the
   // manager did not sanction changes the output (PagedKvCache::PoisonFreeBlocks).
   bool poison_free_blocks = false;
@@ -51,6 +54,7 @@ struct GenerationRequest {
   bool greedy = true;       // else seeded sampling from the softmax
   uint64_t seed = 0;
   EncoderInput encoder;  // cross-attention models: the request's image
+  Retention retention = Retention::kNormal;
 };
 
 struct Sequence {
@@ -61,6 +65,7 @@ struct Sequence {
   std::map<int64_t, double> draws;  // uniform draw that chose the token at each sampled position
   bool greedy = true;
   EncoderInput encoder;
+  Retention retention = Retention::kNormal;
 };
 
 struct EngineCounters {

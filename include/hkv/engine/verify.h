@@ -3,10 +3,13 @@
 //
 // Contract: RunVerify scales `real` (ScaleModel), plans it for `memory_bytes` (small, so that
 // requests compete and get preempted), and submits `requests` requests drawn from `seed`: prompts
-// that start with one of a few shared system prompts, multi-turn continuations of finished
-// conversations, varied lengths, some sampled in parallel (forked), the greedy ones decoded
-// speculatively. It runs at most `max_steps` scheduler steps and reports what happened; a
-// mismatch is any logit beyond 1e-4 or any token the dense model would not have chosen.
+// that start with one of a few shared system prompts (and, on cross-attention models, carry one
+// of a few images), multi-turn continuations of finished conversations, varied lengths, some
+// sampled in parallel (forked), the greedy ones decoded speculatively with lookahead slots, a
+// quarter with low retention; every third seed drops the last hit block (EAGLE-style). Freed
+// blocks without identity are NaN-poisoned, and the manager's invariants are checked after every
+// step. It runs at most `max_steps` scheduler steps and reports what happened; a mismatch is any
+// logit beyond 1e-4 or any token the dense model would not have chosen.
 #pragma once
 
 #include <cstdint>
