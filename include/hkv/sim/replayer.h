@@ -1,0 +1,75 @@
+// Replayer: a trace replayed through the real KvCacheManager by the synchronous first-come
+// first-served continuous-batching scheduler of replay.md, so that hybridkv's figures compare
+// number for number with any other manager replayed by the same rules.
+//
+// Contract: Replay follows ../shared/design/replay.md step by step — arrivals join the waiting
+// tail in file order (idle gaps are skipped, not counted); running requests first, each
+// allocating min(remaining, budget, max_model_len - 1 - computed) slots and preempting the last
+// running request on failure (freed, computed reset, pushed to the front of waiting; when the
+// victim is the request itself the running loop stops); then, only in a step without preemption,
+// waiting requests are admitted while budget and the running cap allow, each with its prefix hit
+// (block aligned, at most num_tokens - 1), and only if its whole remaining prompt fits (the
+// manager reserves the part beyond this step's chunk as lookahead); then every scheduled request
+// commits, and those that computed all their tokens append their next output token, finishing
+// (and freeing) at output_len. Outputs come from the trace, or from a generator seeded by
+// `output_seed` when the trace has none. The manager is used through its public API only; the
+// time spent inside its calls (and in building each scheduled request's block tables, as an
+// engine would) is measured per step. Given the same trace, config and options, every figure but
+// the timings is the same on every run.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <hkv/common/result.h>
+#include <hkv/manager/manager_config.h>
+#include <hkv/sim/trace.h>
+
+namespace hkv {
+
+struct ReplayOptions {
+  int64_t token_budget = 8192;
+  int32_t max_running = 1024;
+  int64_t max_model_len = 16384;
+  uint64_t output_seed = 0;  // outputs of requests the trace gives none
+  int32_t vocab = 32000;     // range of generated output tokens
+  bool record_steps = false;
+};
+
+// One replayed step, as the per-step log records it (after admissions, before finishing).
+struct ReplayStep {
+  int64_t step = 0;  // the step counter s (idle gaps skipped)
+  int64_t running = 0;
+  int64_t waiting = 0;
+  int64_t blocks_used = 0;    // held blocks over all pools (cached-but-free count as free)
+  int64_t cached_blocks = 0;  // blocks with a prefix identity, held or free
+  int64_t hit_tokens = 0;     // prefix-hit tokens of this step's admissions
+  int64_t preemptions = 0;
+  int64_t scheduled_tokens = 0;
+};
+
+struct ReplayReport {
+  int64_t steps = 0;
+  int64_t preemptions = 0;
+  int64_t scheduled_tokens = 0;
+  int64_t first_admission_tokens = 0, first_admission_hits = 0;  // each request's first admission
+  int64_t admission_tokens = 0, admission_hits = 0;              // every admission
+  int64_t peak_blocks_used = 0;
+  int64_t peak_running = 0;
+  int64_t num_blocks = 0;          // over all pools, null blocks excluded
+  std::vector<double> manager_us;  // per step
+  std::vector<ReplayStep> log;     // when record_steps
+
+  double hit_rate() const;
+  double hit_rate_incl_readmissions() const;
+};
+
+Result<ReplayReport> Replay(const Trace& trace, const ManagerConfig& config,
+                            const ReplayOptions& options);
+
+// Hit rate of the trace with an infinite cache of `block_tokens`-token blocks: at each arrival,
+// the block-aligned prefix (at most prompt - 1 tokens) that earlier requests' prompts and outputs
+// cover, over all prompt tokens.
+double IdealHitRate(const Trace& trace, int32_t block_tokens);
+
+}  // namespace hkv

@@ -1,0 +1,277 @@
+#include <algorithm>
+#include <chrono>
+#include <deque>
+#include <unordered_set>
+
+#include <fmt/format.h>
+
+#include <hkv/common/splitmix64.h>
+#include <hkv/manager/kv_cache_manager.h>
+#include <hkv/pool/block_hash.h>
+#include <hkv/sim/replayer.h>
+
+namespace hkv {
+namespace {
+
+struct Live {
+  const TraceRequest* trace = nullptr;
+  RequestId id = 0;
+  std::vector<int32_t> tokens;  // prompt and the outputs appended so far
+  int64_t computed = 0;
+  int32_t outputs = 0;
+  bool added = false;              // registered with the manager (and not freed since)
+  bool admitted = false;           // admitted at least once
+  std::vector<int32_t> generated;  // outputs when the trace gives none
+};
+
+// Accumulates the time spent inside manager calls of one step.
+class Stopwatch {
+ public:
+  template <typename F>
+  auto operator()(F&& f) {
+    const auto start = std::chrono::steady_clock::now();
+    auto result = f();
+    total_ +=
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+    return result;
+  }
+  double Take() {
+    const double t = total_;
+    total_ = 0;
+    return t;
+  }
+
+ private:
+  double total_ = 0;
+};
+
+}  // namespace
+
+double ReplayReport::hit_rate() const {
+  return first_admission_tokens == 0 ? 0.0
+                                     : static_cast<double>(first_admission_hits) /
+                                           static_cast<double>(first_admission_tokens);
+}
+
+double ReplayReport::hit_rate_incl_readmissions() const {
+  return admission_tokens == 0
+             ? 0.0
+             : static_cast<double>(admission_hits) / static_cast<double>(admission_tokens);
+}
+
+Result<ReplayReport> Replay(const Trace& trace, const ManagerConfig& config,
+                            const ReplayOptions& o) {
+  if (o.token_budget < 1 || o.max_running < 1 || o.max_model_len < 2 || o.vocab < 1) {
+    return Status::InvalidArgument(fmt::format(
+        "replay: token budget {}, max running {}, vocab {} must be >= 1 and max model len {} >= 2",
+        o.token_budget, o.max_running, o.vocab, o.max_model_len));
+  }
+  if (config.max_model_len < o.max_model_len) {
+    return Status::InvalidArgument(
+        fmt::format("replay: the manager allows {} tokens per request, the replay {}",
+                    config.max_model_len, o.max_model_len));
+  }
+  for (const TraceRequest& t : trace) {
+    if (static_cast<int64_t>(t.prompt.size()) >= o.max_model_len) {
+      return Status::InvalidArgument(
+          fmt::format("replay: request {} has a {}-token prompt; max model len is {}", t.id,
+                      t.prompt.size(), o.max_model_len));
+    }
+  }
+  ManagerConfig mc = config;
+  mc.record_events = false;
+  HKV_ASSIGN_OR_RETURN(KvCacheManager manager, KvCacheManager::Create(mc));
+  ReplayReport report;
+  for (size_t p = 0; p < mc.pool_blocks.size(); ++p)
+    report.num_blocks += mc.pool_blocks[p] - 1;
+
+  std::vector<Live> reqs(trace.size());
+  SplitMix64 rng(o.output_seed);
+  for (size_t i = 0; i < trace.size(); ++i) {
+    Live& r = reqs[i];
+    r.trace = &trace[i];
+    r.id = static_cast<RequestId>(i);
+    r.tokens = trace[i].prompt;
+    if (trace[i].output.empty()) {
+      for (int32_t k = 0; k < trace[i].output_len; ++k)
+        r.generated.push_back(rng.Below(o.vocab));
+    }
+  }
+  const auto output_token = [](const Live& r) {
+    const auto k = static_cast<size_t>(r.outputs);
+    return r.trace->output.empty() ? r.generated[k] : r.trace->output[k];
+  };
+  const auto num_tokens = [](const Live& r) { return static_cast<int64_t>(r.tokens.size()); };
+
+  std::deque<Live*> waiting;
+  std::vector<Live*> running;
+  struct Scheduled {
+    Live* r;
+    int64_t n;
+  };
+  std::vector<Scheduled> scheduled;
+  std::vector<int64_t> slots;
+  Stopwatch watch;
+  size_t next = 0;
+  int64_t s = 0;
+  while (next < reqs.size() || !waiting.empty() || !running.empty()) {
+    // 0. Arrivals; skip idle gaps.
+    while (next < reqs.size() && reqs[next].trace->arrival_step <= s)
+      waiting.push_back(&reqs[next++]);
+    if (waiting.empty() && running.empty()) {
+      s = reqs[next].trace->arrival_step;
+      continue;
+    }
+    ReplayStep step;
+    step.step = s;
+    int64_t budget = o.token_budget;
+    bool preempted = false;
+    scheduled.clear();
+    // 1. Running requests, in order.
+    for (size_t i = 0; i < running.size(); ++i) {
+      Live* r = running[i];
+      const int64_t n =
+          std::min({num_tokens(*r) - r->computed, budget, o.max_model_len - 1 - r->computed});
+      if (n <= 0) continue;
+      bool stop = false;
+      for (;;) {
+        const Status st = watch([&] { return manager.Allocate(r->id, n); });
+        if (st.ok()) {
+          budget -= n;
+          scheduled.push_back({r, n});
+          break;
+        }
+        if (st.code() != StatusCode::kResourceExhausted) return st;
+        Live* victim = running.back();
+        running.pop_back();
+        HKV_RETURN_IF_ERROR(watch([&] { return manager.Free(victim->id); }));
+        victim->added = false;
+        victim->computed = 0;
+        ++report.preemptions;
+        ++step.preemptions;
+        preempted = true;
+        waiting.push_front(victim);
+        if (victim == r) {
+          stop = true;
+          break;
+        }
+      }
+      if (stop) break;
+    }
+    // 2. Admissions, only in a step without preemption.
+    while (!preempted && !waiting.empty() && budget > 0 &&
+           static_cast<int64_t>(running.size()) < o.max_running) {
+      Live* r = waiting.front();
+      if (!r->added) {
+        RequestSpec spec;
+        spec.id = r->id;
+        spec.prompt = r->tokens;
+        HKV_RETURN_IF_ERROR(watch([&] { return manager.AddRequest(spec); }));
+        r->added = true;
+      }
+      HKV_ASSIGN_OR_RETURN(const PrefixHit hit, watch([&] { return manager.Lookup(r->id); }));
+      const int64_t n = std::min(num_tokens(*r) - hit.tokens, budget);
+      // The whole remaining prompt must fit: reserve what this step does not compute.
+      const int64_t rest = num_tokens(*r) - hit.tokens - n;
+      const Status st = watch([&] { return manager.Allocate(r->id, n, hit, rest); });
+      if (st.code() == StatusCode::kResourceExhausted) break;
+      HKV_RETURN_IF_ERROR(st);
+      waiting.pop_front();
+      running.push_back(r);
+      r->computed = hit.tokens;
+      budget -= n;
+      scheduled.push_back({r, n});
+      if (!r->admitted) {
+        report.first_admission_tokens += num_tokens(*r);
+        report.first_admission_hits += hit.tokens;
+        r->admitted = true;
+      }
+      report.admission_tokens += num_tokens(*r);
+      report.admission_hits += hit.tokens;
+      step.hit_tokens += hit.tokens;
+    }
+    // What an engine receives for the step: every scheduled request's tables and slots.
+    for (const Scheduled& sc : scheduled) {
+      for (size_t g = 0; g < mc.groups.size(); ++g) {
+        if (mc.groups[g].is_state()) continue;
+        const auto group = static_cast<int32_t>(g);
+        HKV_RETURN_IF_ERROR(watch([&] { return manager.BlockTable(sc.r->id, group).status(); }));
+        if (mc.groups[g].is_encoder()) continue;
+        slots.clear();
+        HKV_RETURN_IF_ERROR(watch([&] {
+          return manager.SlotMapping(sc.r->id, group, sc.r->computed, sc.r->computed + sc.n, slots);
+        }));
+      }
+    }
+    step.running = static_cast<int64_t>(running.size());
+    step.waiting = static_cast<int64_t>(waiting.size());
+    for (size_t p = 0; p < mc.pool_blocks.size(); ++p) {
+      const PoolUsage u = manager.Usage(static_cast<int32_t>(p));
+      step.blocks_used += u.num_blocks - u.num_free;
+      step.cached_blocks += u.num_cached;
+    }
+    report.peak_blocks_used = std::max(report.peak_blocks_used, step.blocks_used);
+    report.peak_running = std::max(report.peak_running, step.running);
+    // 3. Commit, in scheduling order.
+    for (const Scheduled& sc : scheduled) {
+      HKV_RETURN_IF_ERROR(watch([&] { return manager.Commit(sc.r->id, sc.r->computed + sc.n); }));
+      sc.r->computed += sc.n;
+      step.scheduled_tokens += sc.n;
+    }
+    report.scheduled_tokens += step.scheduled_tokens;
+    // 4. Outputs, finishing requests in the same order.
+    for (const Scheduled& sc : scheduled) {
+      Live* r = sc.r;
+      if (r->computed < num_tokens(*r)) continue;
+      if (r->outputs < r->trace->output_len) {
+        const int32_t t = output_token(*r);
+        HKV_RETURN_IF_ERROR(watch([&] { return manager.AppendTokens(r->id, {&t, 1}); }));
+        r->tokens.push_back(t);
+        ++r->outputs;
+      }
+      if (r->outputs >= r->trace->output_len) {
+        running.erase(std::find(running.begin(), running.end(), r));
+        HKV_RETURN_IF_ERROR(watch([&] { return manager.Free(r->id); }));
+        r->added = false;
+      }
+    }
+    report.manager_us.push_back(watch.Take());
+    if (o.record_steps) report.log.push_back(step);
+    ++report.steps;
+    ++s;
+  }
+  return report;
+}
+
+double IdealHitRate(const Trace& trace, int32_t block_tokens) {
+  struct Hasher {
+    size_t operator()(const BlockHash& h) const { return static_cast<size_t>(h.lo ^ h.hi); }
+  };
+  std::unordered_set<BlockHash, Hasher> seen;
+  int64_t prompt_tokens = 0, hits = 0;
+  const auto bs = static_cast<size_t>(std::max(block_tokens, 1));
+  std::vector<int32_t> all;
+  for (const TraceRequest& t : trace) {
+    prompt_tokens += static_cast<int64_t>(t.prompt.size());
+    // Longest cached chain of whole blocks within the first prompt - 1 tokens.
+    BlockHash h = kRootHash;
+    const size_t limit = (t.prompt.size() - 1) / bs;
+    size_t b = 0;
+    for (; b < limit; ++b) {
+      h = HashBlock(h, std::span<const int32_t>(t.prompt).subspan(b * bs, bs));
+      if (!seen.contains(h)) break;
+    }
+    hits += static_cast<int64_t>(b * bs);
+    // The request then stores every whole block of its prompt and output.
+    all = t.prompt;
+    all.insert(all.end(), t.output.begin(), t.output.end());
+    h = kRootHash;
+    for (size_t k = 0; (k + 1) * bs <= all.size(); ++k) {
+      h = HashBlock(h, std::span<const int32_t>(all).subspan(k * bs, bs));
+      seen.insert(h);
+    }
+  }
+  return prompt_tokens == 0 ? 0.0 : static_cast<double>(hits) / static_cast<double>(prompt_tokens);
+}
+
+}  // namespace hkv
