@@ -111,8 +111,8 @@ Status Engine::Submit(const GenerationRequest& request) {
   return Status::Ok();
 }
 
-void Engine::AfterManagerCall() {
-  if (options_.poison_free_blocks) cache_.PoisonFreeBlocks(*manager_);
+Status Engine::AfterManagerCall() {
+  return options_.poison_free_blocks ? cache_.PoisonFreeBlocks(*manager_) : Status::Ok();
 }
 
 int64_t Engine::WindowNulls(RequestId id) const {
@@ -147,7 +147,7 @@ Status Engine::Preempt(const Live* victim) {
   std::unique_ptr<Live> v = std::move(*it);
   running_.erase(it);
   HKV_RETURN_IF_ERROR(manager_->Free(v->seq.id));
-  AfterManagerCall();
+  HKV_RETURN_IF_ERROR(AfterManagerCall());
   v->started = false;
   ++counters_.preemptions;
   preempted_this_step_ = true;
@@ -184,7 +184,8 @@ Status Engine::FinishOrSample(Live& r, const std::vector<float>& last_logits, in
   return Status::Ok();
 }
 
-Result<bool> Engine::RunStep(Live& r, int64_t n, const std::vector<int32_t>& drafts) {
+Result<bool> Engine::RunStep(Live& r, int64_t computed, int64_t n,
+                             const std::vector<int32_t>& drafts) {
   const RequestId id = r.seq.id;
   const PrefixHit hit = r.started ? PrefixHit{} : r.pending;
   const int64_t total = n + static_cast<int64_t>(drafts.size());
@@ -192,13 +193,12 @@ Result<bool> Engine::RunStep(Live& r, int64_t n, const std::vector<int32_t>& dra
   // the newest, it yields itself. The oldest request therefore always makes progress.
   for (;;) {
     // Lookahead never reaches past the model's length: the manager would refuse the step.
-    const int64_t computed = r.started ? manager_->NumComputed(id).value() : hit.tokens;
     const int64_t lookahead = std::clamp<int64_t>(
         manager_->config().max_model_len - computed - total, 0, options_.lookahead);
     const Status st = manager_->Allocate(id, total, hit, lookahead);
     if (st.code() != StatusCode::kResourceExhausted) {
       HKV_RETURN_IF_ERROR(st);
-      AfterManagerCall();
+      HKV_RETURN_IF_ERROR(AfterManagerCall());
       break;
     }
     if (running_.back().get() != &r) {
@@ -253,9 +253,9 @@ Result<bool> Engine::RunStep(Live& r, int64_t n, const std::vector<int32_t>& dra
   }
   if (commit_at < step.end && (truncate_toggle_++ % 2 == 1)) {
     HKV_RETURN_IF_ERROR(manager_->Commit(id, step.end));
-    AfterManagerCall();
+    HKV_RETURN_IF_ERROR(AfterManagerCall());
     HKV_ASSIGN_OR_RETURN(const TruncateResult t, manager_->Truncate(id, commit_at));
-    AfterManagerCall();
+    HKV_RETURN_IF_ERROR(AfterManagerCall());
     ++counters_.truncations;
     if (t.computed != commit_at) {
       return Status::FailedPrecondition(fmt::format(
@@ -263,7 +263,7 @@ Result<bool> Engine::RunStep(Live& r, int64_t n, const std::vector<int32_t>& dra
     }
   } else {
     HKV_RETURN_IF_ERROR(manager_->Commit(id, commit_at));
-    AfterManagerCall();
+    HKV_RETURN_IF_ERROR(AfterManagerCall());
   }
   counters_.window_blocks_freed += std::max<int64_t>(0, WindowNulls(id) - nulls_before);
   for (int64_t p = step.begin; p < commit_at; ++p)
@@ -324,13 +324,13 @@ Status Engine::Step() {
         context.push_back(drafts.back());
       }
     }
-    HKV_ASSIGN_OR_RETURN(const bool ran, RunStep(*r, n, drafts));
+    HKV_ASSIGN_OR_RETURN(const bool ran, RunStep(*r, computed, n, drafts));
     if (!ran) continue;
     budget -= n + static_cast<int64_t>(drafts.size());
     if (static_cast<int64_t>(r->seq.tokens.size()) - r->seq.prompt_len >= r->max_new_tokens &&
         r->prefilled) {
       HKV_RETURN_IF_ERROR(manager_->Free(id));
-      AfterManagerCall();
+      HKV_RETURN_IF_ERROR(AfterManagerCall());
       finished_.push_back(r->seq);
       std::erase_if(running_, [&](const auto& p) { return p.get() == r; });
     }

@@ -98,17 +98,17 @@ void PagedKvCache::ApplyCopies(std::span<const BlockCopy> copies) {
   }
 }
 
-void PagedKvCache::PoisonFreeBlocks(const KvCacheManager& manager) {
+Status PagedKvCache::PoisonFreeBlocks(const KvCacheManager& manager) {
   poisoned_.resize(plan_.page_classes.size());
   for (size_t pc = 0; pc < plan_.page_classes.size(); ++pc) {
     std::vector<char>& was = poisoned_[pc];
     was.resize(static_cast<size_t>(plan_.page_classes[pc].num_pages), 0);
     scratch_blocks_.clear();
-    manager.UncachedFreeBlocks(static_cast<int32_t>(pc), scratch_blocks_);
-    std::vector<char> now(was.size(), 0);
+    HKV_RETURN_IF_ERROR(manager.UncachedFreeBlocks(static_cast<int32_t>(pc), scratch_blocks_));
+    scratch_flags_.assign(was.size(), 0);
     for (int32_t b : scratch_blocks_) {
-      now[static_cast<size_t>(b)] = 1;
-      if (was[static_cast<size_t>(b)] != 0) continue;
+      scratch_flags_[static_cast<size_t>(b)] = 1;
+      if (was[static_cast<size_t>(b)] != 0) continue;  // still poisoned since the last call
       for (size_t t = 0; t < plan_.layout.tensors.size(); ++t) {
         const TensorView& v = plan_.layout.tensors[t];
         if (static_cast<size_t>(v.page_class) != pc) continue;
@@ -117,8 +117,9 @@ void PagedKvCache::PoisonFreeBlocks(const KvCacheManager& manager) {
                     std::numeric_limits<float>::quiet_NaN());
       }
     }
-    was.swap(now);
+    was.swap(scratch_flags_);
   }
+  return Status::Ok();
 }
 
 Result<std::unique_ptr<PagedKvCache::StepView>> PagedKvCache::View(const KvCacheManager& manager,

@@ -241,25 +241,21 @@ void RecurrentToken(const LayerSpec& l, const LayerWeights& w, const float* h, f
     }
     default: {  // gated delta rule: S <- a S + beta (v - a S k) k^T, out = S q
       const int32_t dk = g.k_head_dim, dv = g.v_head_dim, nk = g.num_k_heads;
-      std::vector<float> q(c.begin(), c.begin() + nk * dk),
-          k(c.begin() + nk * dk, c.begin() + 2 * nk * dk);
-      for (std::vector<float>* v : {&q, &k}) {
-        for (int32_t head = 0; head < nk; ++head) {
-          float ss = 1e-6f;
-          for (int32_t i = 0; i < dk; ++i)
-            ss +=
-                (*v)[static_cast<size_t>(head * dk + i)] * (*v)[static_cast<size_t>(head * dk + i)];
-          const float inv = 1.0f / std::sqrt(ss);
-          for (int32_t i = 0; i < dk; ++i)
-            (*v)[static_cast<size_t>(head * dk + i)] *= inv;
-        }
+      // Queries then keys, each head L2-normalised in place (no copies per token).
+      float* q = c.data();
+      float* k = q + nk * dk;
+      for (int32_t head = 0; head < 2 * nk; ++head) {
+        float* x = q + head * dk;
+        const float inv = 1.0f / std::sqrt(1e-6f + Dot(x, x, dk));
+        for (int32_t i = 0; i < dk; ++i)
+          x[i] *= inv;
       }
       const float* v = c.data() + 2 * nk * dk;
       for (int32_t head = 0; head < g.num_v_heads; ++head) {
         const float a = decay(head);
         const float beta = 1.0f / (1.0f + std::exp(-w.skip[static_cast<size_t>(head)]));
-        const float* kh = k.data() + (head % nk) * dk;
-        const float* qh = q.data() + (head % nk) * dk;
+        const float* kh = k + (head % nk) * dk;
+        const float* qh = q + (head % nk) * dk;
         for (int32_t p = 0; p < dv; ++p) {
           float* row = ssm + (head * dv + p) * dk;
           float sk = 0.0f;

@@ -8,15 +8,6 @@
 
 namespace hkv {
 
-using manager_internal::CeilDiv;
-using manager_internal::GroupState;
-using manager_internal::HeldState;
-using manager_internal::IsDecoderTokens;
-using manager_internal::Must;
-using manager_internal::NeededBlocks;
-using manager_internal::ReleasesTokens;
-using manager_internal::Request;
-
 // Positions in [begin, end) after which the step must copy the recurrent state aside:
 // - checkpoints strictly inside the step (known, aligned, an interval multiple or the prompt end);
 // - the last aligned known position inside the step, when the step does not itself end on one,

@@ -11,9 +11,6 @@
 
 namespace hkv {
 
-using manager_internal::NeededBlocks;
-using manager_internal::Request;
-
 namespace {
 
 int64_t FloorTo(int64_t x, int64_t unit) {

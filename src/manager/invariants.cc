@@ -6,15 +6,6 @@
 
 namespace hkv {
 
-using manager_internal::CeilDiv;
-using manager_internal::GroupState;
-using manager_internal::HeldState;
-using manager_internal::IsDecoderTokens;
-using manager_internal::Must;
-using manager_internal::NeededBlocks;
-using manager_internal::ReleasesTokens;
-using manager_internal::Request;
-
 Status KvCacheManager::Impl::CheckInvariants() const {
   std::vector<std::vector<int32_t>> expected(pools.size());
   for (size_t p = 0; p < pools.size(); ++p) {

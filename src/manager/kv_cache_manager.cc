@@ -13,14 +13,6 @@
 
 namespace hkv {
 
-using manager_internal::CeilDiv;
-using manager_internal::GroupState;
-using manager_internal::IsDecoderTokens;
-using manager_internal::Must;
-using manager_internal::NeededBlocks;
-using manager_internal::ReleasesTokens;
-using manager_internal::Request;
-
 void manager_internal::Must(const Status& s) {
   if (!s.ok()) {
     std::fprintf(stderr, "hkv::KvCacheManager internal error: %s\n", s.ToString().c_str());
@@ -538,12 +530,16 @@ std::vector<int32_t> KvCacheManager::FreeListOrder(int32_t pool) const {
   return impl_->pools[static_cast<size_t>(pool)].FreeListOrder();
 }
 
-void KvCacheManager::UncachedFreeBlocks(int32_t pool, std::vector<int32_t>& out) const {
-  if (pool < 0 || static_cast<size_t>(pool) >= impl_->pools.size()) return;
+Status KvCacheManager::UncachedFreeBlocks(int32_t pool, std::vector<int32_t>& out) const {
+  if (pool < 0 || static_cast<size_t>(pool) >= impl_->pools.size()) {
+    return Status::InvalidArgument(
+        fmt::format("uncached free blocks: pool {} outside [0, {})", pool, impl_->pools.size()));
+  }
   const BlockPool& bp = impl_->pools[static_cast<size_t>(pool)];
   for (int32_t b : bp.FreeListOrder()) {
     if (!bp.has_identity(b)) out.push_back(b);
   }
+  return Status::Ok();
 }
 
 Status KvCacheManager::CheckInvariants() const {

@@ -89,6 +89,16 @@ struct NeededBlocks {
 
 }  // namespace manager_internal
 
+// The manager's own source files (the only includers of this header) use these unqualified.
+using manager_internal::CeilDiv;
+using manager_internal::GroupState;
+using manager_internal::HeldState;
+using manager_internal::IsDecoderTokens;
+using manager_internal::Must;
+using manager_internal::NeededBlocks;
+using manager_internal::ReleasesTokens;
+using manager_internal::Request;
+
 struct KvCacheManager::Impl {
   using Request = manager_internal::Request;
   using GroupState = manager_internal::GroupState;

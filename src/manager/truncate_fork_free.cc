@@ -7,15 +7,6 @@
 
 namespace hkv {
 
-using manager_internal::CeilDiv;
-using manager_internal::GroupState;
-using manager_internal::HeldState;
-using manager_internal::IsDecoderTokens;
-using manager_internal::Must;
-using manager_internal::NeededBlocks;
-using manager_internal::ReleasesTokens;
-using manager_internal::Request;
-
 Result<TruncateResult> KvCacheManager::Impl::Truncate(Request& r, int64_t n) {
   if (r.step_open) {
     return Status::FailedPrecondition(
@@ -117,49 +108,35 @@ Status KvCacheManager::Impl::Fork(const Request& parent, RequestId child) {
   const int32_t slot = NewSlot();  // may move `requests`: look the parent up again
   Request& c = requests[static_cast<size_t>(slot)];
   const Request& p = *Find(parent_id);
+  // Copy-assignment reuses the recycled slot's buffers; then undo what must not be shared.
+  c = p;
   c.id = child;
-  c.tokens = p.tokens;
-  c.hashes = p.hashes;
-  c.adapter = p.adapter;
-  c.salt = p.salt;
-  c.items = p.items;
-  c.encoder_tokens = p.encoder_tokens;
-  c.encoder_input = p.encoder_input;
-  c.encoder_hashes = p.encoder_hashes;
-  c.retention = p.retention;
-  c.prompt_len = p.prompt_len;
-  c.computed = p.computed;
   c.reserved = p.computed;
-  c.started = p.started;
   c.step_open = false;
-  c.encoder_ready = p.encoder_ready;
   c.step_begin = c.step_end = 0;
   c.copies.clear();
   for (size_t gi = 0; gi < config.groups.size(); ++gi) {
     const GroupConfig& gc = config.groups[gi];
-    const GroupState& ps = p.groups[gi];
     GroupState& cs = c.groups[gi];
-    cs.Clear();
     if (gc.is_state()) {
       // Shared states are never written in place: the next step of either request writes to a
       // fresh block, which is the copy-on-write of the recurrent state.
-      cs.live = ps.live;
-      cs.rolling = ps.rolling;
-      cs.held = ps.held;
+      cs.read = cs.write = 0;
+      cs.snaps.clear();
       if (cs.live != BlockPool::kNullBlock) AcquireHeld(gc.pool, cs.live);
       if (cs.rolling.block != BlockPool::kNullBlock) AcquireHeld(gc.pool, cs.rolling.block);
       for (const HeldState& h : cs.held)
         AcquireHeld(gc.pool, h.block);
       continue;
     }
-    const size_t keep = gc.is_encoder() ? ps.table.size()
+    // Token tables end at the parent's computed positions (its lookahead stays its own).
+    const size_t keep = gc.is_encoder() ? cs.table.size()
                                         : static_cast<size_t>(CeilDiv(p.computed, gc.block_tokens));
-    cs.table.assign(ps.table.begin(), ps.table.begin() + static_cast<ptrdiff_t>(keep));
+    cs.table.resize(keep);
     for (int32_t b : cs.table) {
       if (b != BlockPool::kNullBlock) AcquireHeld(gc.pool, b);
     }
-    cs.num_published = std::min<int32_t>(ps.num_published, static_cast<int32_t>(keep));
-    cs.release_from = ps.release_from;
+    cs.num_published = std::min<int32_t>(cs.num_published, static_cast<int32_t>(keep));
   }
   index.Insert(child, slot);
   return Status::Ok();

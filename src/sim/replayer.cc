@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <chrono>
 #include <deque>
+#include <string>
 #include <unordered_set>
 
 #include <fmt/format.h>
@@ -71,11 +72,21 @@ Result<ReplayReport> Replay(const Trace& trace, const ManagerConfig& config,
         fmt::format("replay: the manager allows {} tokens per request, the replay {}",
                     config.max_model_len, o.max_model_len));
   }
-  for (const TraceRequest& t : trace) {
-    if (static_cast<int64_t>(t.prompt.size()) >= o.max_model_len) {
-      return Status::InvalidArgument(
-          fmt::format("replay: request {} has a {}-token prompt; max model len is {}", t.id,
-                      t.prompt.size(), o.max_model_len));
+  // ReadTrace checks files; a trace built in memory gets the checks the replay relies on.
+  for (size_t i = 0; i < trace.size(); ++i) {
+    const TraceRequest& t = trace[i];
+    std::string why;
+    if (t.prompt.empty() || static_cast<int64_t>(t.prompt.size()) >= o.max_model_len) {
+      why = fmt::format("a {}-token prompt (1..{} allowed)", t.prompt.size(), o.max_model_len - 1);
+    } else if (t.output_len < 0 ||
+               (!t.output.empty() && t.output.size() != static_cast<size_t>(t.output_len))) {
+      why = fmt::format("output_len {} with {} output tokens", t.output_len, t.output.size());
+    } else if (i > 0 && t.arrival_step < trace[i - 1].arrival_step) {
+      why = fmt::format("arrival step {} before the previous request's {}", t.arrival_step,
+                        trace[i - 1].arrival_step);
+    }
+    if (!why.empty()) {
+      return Status::InvalidArgument(fmt::format("replay: request {} (#{}): {}", t.id, i, why));
     }
   }
   ManagerConfig mc = config;
@@ -252,6 +263,7 @@ double IdealHitRate(const Trace& trace, int32_t block_tokens) {
   const auto bs = static_cast<size_t>(std::max(block_tokens, 1));
   std::vector<int32_t> all;
   for (const TraceRequest& t : trace) {
+    if (t.prompt.empty()) continue;
     prompt_tokens += static_cast<int64_t>(t.prompt.size());
     // Longest cached chain of whole blocks within the first prompt - 1 tokens.
     BlockHash h = kRootHash;

@@ -107,7 +107,7 @@ TEST_P(Boundaries, PreemptedInTheMiddleOfAChunkedPrefill) {
     }
   }
   ASSERT_TRUE(s.manager->Free(1).ok());  // the open step is abandoned
-  s.cache->PoisonFreeBlocks(*s.manager);
+  EXPECT_TRUE(s.cache->PoisonFreeBlocks(*s.manager).ok());
   EXPECT_TRUE(s.manager->CheckInvariants().ok());
   Generation again;
   again.tokens = prompt;
@@ -132,7 +132,7 @@ TEST_P(Boundaries, TruncateWithAndWithoutACheckpoint) {
     Generation g = Generate(s, 1, prompt, 6, 12);  // decodes one token per step past 24 and 27
     ASSERT_GE(s.manager->NumComputed(1).value(), 31);
     const TruncateResult t = s.manager->Truncate(1, n).value();
-    s.cache->PoisonFreeBlocks(*s.manager);
+    EXPECT_TRUE(s.cache->PoisonFreeBlocks(*s.manager).ok());
     EXPECT_EQ(t.tokens, n);
     const int64_t expect_computed = state ? n / kCheckpointInterval * kCheckpointInterval : n;
     EXPECT_EQ(t.computed, expect_computed);
@@ -161,7 +161,9 @@ std::vector<float> BypassingPass(bool poison, Harness& s, std::vector<int32_t>& 
   const std::vector<int32_t> a_table(s.manager->BlockTable(1, 0).value().begin(),
                                      s.manager->BlockTable(1, 0).value().end());
   EXPECT_TRUE(s.manager->Free(1).ok());
-  if (poison) s.cache->PoisonFreeBlocks(*s.manager);
+  if (poison) {
+    EXPECT_TRUE(s.cache->PoisonFreeBlocks(*s.manager).ok());
+  }
   tokens = Concat(a, Prompt(4, 6));
   EXPECT_TRUE(testing::AddRequest(s, 2, tokens).ok());
   const PrefixHit hit = s.manager->Lookup(2).value();

@@ -110,12 +110,13 @@ inline void Continue(Harness& s, RequestId id, Generation& g, size_t prompt_len,
     Status st = m.Allocate(id, n, hit);
     EXPECT_TRUE(st.ok()) << st.ToString();
     if (!st.ok()) return;
-    s.cache->PoisonFreeBlocks(m);  // blocks the step took may not be read before written
+    EXPECT_TRUE(
+        s.cache->PoisonFreeBlocks(m).ok());  // blocks the step took may not be read before written
     hit = {};
     RunOpenStep(s, id, g.tokens, g);
     const int64_t end = m.Step(id).value().end;
     EXPECT_TRUE(m.Commit(id, end).ok());
-    s.cache->PoisonFreeBlocks(m);
+    EXPECT_TRUE(s.cache->PoisonFreeBlocks(m).ok());
     EXPECT_TRUE(m.CheckInvariants().ok()) << m.CheckInvariants().ToString();
     computed = end;
     if (computed == known) {

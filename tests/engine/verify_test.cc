@@ -90,6 +90,8 @@ TEST(Engine, RejectsBadRequestsWithoutQueueingThem) {
   const ManagerConfig config = ManagerConfig::FromPlan(plan).value();
   EXPECT_EQ(Engine::Create(spec, weights, plan, config, {.token_budget = 0}).status().code(),
             StatusCode::kInvalidArgument);
+  EXPECT_EQ(Engine::Create(spec, weights, plan, config, {.lookahead = -1}).status().code(),
+            StatusCode::kInvalidArgument);
   auto engine = Engine::Create(spec, weights, plan, config, {}).value();
   GenerationRequest bad;
   bad.id = 1;
@@ -99,6 +101,11 @@ TEST(Engine, RejectsBadRequestsWithoutQueueingThem) {
   EXPECT_NE(s.message().find("token 97 at position 1"), std::string::npos) << s.message();
   bad.prompt = {};
   EXPECT_EQ(engine->Submit(bad).code(), StatusCode::kInvalidArgument);
+  bad.prompt = {3};
+  bad.encoder = {5, 4};  // an image for a model without cross attention
+  s = engine->Submit(bad);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("4 encoder tokens"), std::string::npos) << s.message();
   EXPECT_TRUE(engine->idle());
   GenerationRequest a;
   a.id = 10;

@@ -1,5 +1,6 @@
 // Eviction order, lazy eviction, retention, lookahead and all-or-nothing allocation.
 #include <algorithm>
+#include <string>
 
 #include <gtest/gtest.h>
 
@@ -40,6 +41,17 @@ TEST(Eviction, BlocksWithoutIdentityAreReusedFirst) {
   EXPECT_EQ(order.front(), a[2]);  // the partial block holds nothing anyone can hit
   EXPECT_EQ(order[order.size() - 2], a[1]);
   EXPECT_EQ(order.back(), a[0]);
+  // Exactly the never-published blocks are the ones an engine may poison; a bad pool is named.
+  std::vector<int32_t> uncached;
+  ASSERT_TRUE(d.m().UncachedFreeBlocks(0, uncached).ok());
+  EXPECT_EQ(uncached.size(), 29u);  // 31 blocks (32 with the null one) but the 2 published
+  EXPECT_EQ(uncached.front(), a[2]);
+  EXPECT_EQ(std::count(uncached.begin(), uncached.end(), a[0]), 0);
+  EXPECT_EQ(std::count(uncached.begin(), uncached.end(), a[1]), 0);
+  const Status bad = d.m().UncachedFreeBlocks(1, uncached);
+  EXPECT_EQ(bad.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find("pool 1"), std::string::npos) << bad.message();
+  EXPECT_EQ(uncached.size(), 29u);
 }
 
 TEST(Eviction, LowRetentionRequestsAreEvictedBeforeOthers) {

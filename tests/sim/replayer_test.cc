@@ -1,5 +1,7 @@
 // The replayer against traces small enough to replay by hand (the expected figures are worked
 // out in the comments, step by step, from replay.md), determinism, and bad input.
+#include <string>
+
 #include <gtest/gtest.h>
 
 #include <hkv/sim/replayer.h>
@@ -135,6 +137,18 @@ TEST(Replayer, RejectsBadOptionsAndOversizedPrompts) {
   o = Options(16);
   o.max_model_len = 128;  // beyond what the manager allows
   EXPECT_EQ(Replay({}, FullAttention(100), o).status().code(), StatusCode::kInvalidArgument);
+  // Traces built in memory: an empty prompt, outputs that disagree with output_len, arrivals
+  // out of order. Each is named.
+  const auto refused = [](const Trace& t, const std::string& what) {
+    const auto r = Replay(t, FullAttention(100), Options(16));
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << what;
+    EXPECT_NE(r.status().message().find(what), std::string::npos) << r.status().message();
+  };
+  refused({Request(0, 0, {}, {1})}, "0-token prompt");
+  TraceRequest short_output = Request(0, 0, {1, 2}, {7, 8});
+  short_output.output_len = 3;
+  refused({short_output}, "output_len 3 with 2 output tokens");
+  refused({Request(0, 5, {1, 2}, {3}), Request(1, 4, {1, 2}, {3})}, "arrival step 4");
 }
 
 TEST(Replayer, IdealHitRateByHand) {

@@ -113,14 +113,15 @@ class Engine {
          PagedKvCache cache, const EngineOptions& options);
 
   Status Admit(Live& r);
-  // Runs one step of `r` over `n` new tokens (drafts appended to `tokens` beyond the known ones
-  // when speculative). Returns false when blocks ran out and someone was preempted.
-  Result<bool> RunStep(Live& r, int64_t n, const std::vector<int32_t>& drafts);
+  // Runs one step of `r`, which has `computed` positions, over `n` new tokens (drafts appended
+  // to `tokens` beyond the known ones when speculative). Returns false when blocks ran out and
+  // someone was preempted.
+  Result<bool> RunStep(Live& r, int64_t computed, int64_t n, const std::vector<int32_t>& drafts);
   Status Preempt(const Live* victim);
   Status FinishOrSample(Live& r, const std::vector<float>& last_logits, int64_t pos);
   int32_t Sample(Live& r, std::span<const float> logits, int64_t pos);
   int64_t WindowNulls(RequestId id) const;
-  void AfterManagerCall();
+  Status AfterManagerCall();
 
   const ModelSpec& spec_;
   const ModelWeights& weights_;

@@ -35,7 +35,8 @@ class PagedKvCache {
   // the last call (call it after every manager call that allocates or frees). No request may read
   // such a block again, so an engine that reads one anyway - a stale table, a step it was not
   // given, state it did not initialise - gets NaN logits instead of plausible leftovers.
-  void PoisonFreeBlocks(const KvCacheManager& manager);
+  // Fails only when the manager's pools do not match the plan's page classes.
+  Status PoisonFreeBlocks(const KvCacheManager& manager);
 
   class StepView : public KvStore {
    public:
@@ -89,6 +90,7 @@ class PagedKvCache {
   std::vector<Buffer> buffers_;              // per page class
   std::vector<std::vector<char>> poisoned_;  // per page class, per block
   std::vector<int32_t> scratch_blocks_;
+  std::vector<char> scratch_flags_;
   std::vector<int32_t> group_of_layer_;  // per LayerSpec; -1: owns no cache
   std::vector<LayerTensors> tensors_;    // per LayerSpec
   // How Rows finds a cache-owning layer's rows, resolved once from the plan: row `o` of block b

@@ -125,7 +125,8 @@ class KvCacheManager {
   std::vector<int32_t> FreeListOrder(int32_t pool) const;
   // Appends the free blocks of `pool` that hold no prefix identity: no request may read what
   // they contain, so a debugging engine may poison them (a later read of stale data then shows).
-  void UncachedFreeBlocks(int32_t pool, std::vector<int32_t>& out) const;
+  // kInvalidArgument for a pool that does not exist (`out` unchanged).
+  Status UncachedFreeBlocks(int32_t pool, std::vector<int32_t>& out) const;
 
   // Reference counts equal holders, every block is free xor held, the prefix index agrees with
   // the blocks, every published block of a request carries the identity of that request's

@@ -64,6 +64,9 @@ struct ReplayReport {
   double hit_rate_incl_readmissions() const;
 };
 
+// Errors (nothing is replayed): options out of range, a manager that allows fewer tokens than
+// max_model_len, and a request with an empty or too long prompt, an output that disagrees with
+// output_len, or an arrival before the previous request's.
 Result<ReplayReport> Replay(const Trace& trace, const ManagerConfig& config,
                             const ReplayOptions& options);
 
