@@ -247,6 +247,7 @@ Result<ReplayReport> Replay(const Trace& trace, const ManagerConfig& config,
       }
     }
     report.manager_us.push_back(watch.Take());
+    if (o.check_invariants) HKV_RETURN_IF_ERROR(manager.CheckInvariants());
     if (o.record_steps) report.log.push_back(step);
     ++report.steps;
     ++s;

@@ -38,6 +38,7 @@ ReplayOptions Options(int64_t budget) {
   o.token_budget = budget;
   o.max_model_len = 64;
   o.record_steps = true;
+  o.check_invariants = true;
   return o;
 }
 
@@ -109,6 +110,7 @@ TEST(Replayer, IsDeterministic) {
   const Trace trace = GenerateTrace(to).value();
   ReplayOptions o;
   o.record_steps = true;
+  o.check_invariants = true;
   ManagerConfig c = FullAttention(2000);
   c.max_model_len = o.max_model_len;
   const ReplayReport a = Replay(trace, c, o).value();

@@ -34,6 +34,7 @@ struct ReplayOptions {
   uint64_t output_seed = 0;  // outputs of requests the trace gives none
   int32_t vocab = 32000;     // range of generated output tokens
   bool record_steps = false;
+  bool check_invariants = false;  // run the manager's checker after every step (tests)
 };
 
 // One replayed step, as the per-step log records it (after admissions, before finishing).
