@@ -15,7 +15,7 @@ namespace hkv {
 // - every speculative position, so that Commit and Truncate can land on any of them.
 // The state after `end` is the step's write slot and needs no copy.
 void KvCacheManager::Impl::PlanSnapshots(const Request& r, int64_t begin, int64_t end,
-                                         std::vector<int64_t>& out) const {
+                                         int64_t divergence, std::vector<int64_t>& out) const {
   out.clear();
   const int64_t known = r.known();
   const int64_t last = std::min(end - 1, known);
@@ -29,6 +29,7 @@ void KvCacheManager::Impl::PlanSnapshots(const Request& r, int64_t begin, int64_
     }
     const int64_t prompt_ckpt = (r.prompt_len - 1) / align * align;
     if (prompt_ckpt > begin && prompt_ckpt <= last) out.push_back(prompt_ckpt);
+    if (divergence > begin && divergence <= last) out.push_back(divergence);
     const int64_t rolling = last / align * align;
     const bool end_rolls = end % align == 0 && end <= known;
     if (rolling > begin && !end_rolls) out.push_back(rolling);
@@ -93,7 +94,8 @@ Status KvCacheManager::Impl::Allocate(Request& r, int64_t num_new, const PrefixH
   // changes until every pool is known to suffice.
   std::fill(need.begin(), need.end(), 0);
   hit_blocks.clear();
-  PlanSnapshots(r, begin, end, positions);
+  const int64_t divergence = r.started ? r.divergence : DivergenceOf(r, hit.tokens);
+  PlanSnapshots(r, begin, end, divergence, positions);
   const auto stale = [&](const char* what) {
     return Status::FailedPrecondition(fmt::format(
         "allocate: request {}: the prefix hit went stale ({} evicted since Lookup); look up "
@@ -248,6 +250,7 @@ Status KvCacheManager::Impl::Allocate(Request& r, int64_t num_new, const PrefixH
     gs.held.clear();
   }
   r.started = true;
+  r.divergence = divergence;
   r.step_open = true;
   r.step_begin = begin;
   r.step_end = end;

@@ -44,7 +44,8 @@ int64_t ScanDown(int64_t bs, int64_t x, int64_t unit, const NeededAt& needed_at,
 
 }  // namespace
 
-int64_t KvCacheManager::Impl::LookupFixedPoint(const Request& r, int64_t cap) {
+int64_t KvCacheManager::Impl::LookupFixedPoint(const Request& r, int64_t cap,
+                                               bool token_groups_only) {
   if (cap <= 0) return 0;
   std::fill(full_prefix.begin(), full_prefix.end(), -1);
   int64_t x = cap / align * align;
@@ -75,6 +76,7 @@ int64_t KvCacheManager::Impl::LookupFixedPoint(const Request& r, int64_t cap) {
               [&](int64_t j) { return bp.Find(TokenKey(r, g, j)) >= 0; });
           break;
         case TokenRuleKind::kState:
+          if (token_groups_only) break;
           while (x > 0 && bp.Find(StateKey(r, g, x)) < 0)
             x -= align;
           break;
@@ -85,6 +87,18 @@ int64_t KvCacheManager::Impl::LookupFixedPoint(const Request& r, int64_t cap) {
     }
     if (x == before || x == 0) return x;
   }
+}
+
+int64_t KvCacheManager::Impl::DivergenceOf(const Request& r, int64_t hit) {
+  if (!config.enable_prefix_caching || r.known() < 2) return 0;
+  bool has_state = false, has_tokens = false;
+  for (const GroupConfig& gc : config.groups) {
+    has_state = has_state || gc.is_state();
+    has_tokens = has_tokens || IsDecoderTokens(gc);
+  }
+  if (!has_state || !has_tokens) return 0;
+  const int64_t attention = LookupFixedPoint(r, r.known() - 1, /*token_groups_only=*/true);
+  return attention > hit ? attention : 0;
 }
 
 bool KvCacheManager::Impl::EncoderCached(const Request& r) const {

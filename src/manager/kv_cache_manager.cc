@@ -153,6 +153,7 @@ PrefixKey KvCacheManager::Impl::StateKey(const Request& r, int32_t group, int64_
 bool KvCacheManager::Impl::IsCheckpoint(const Request& r, int64_t p) const {
   if (p <= 0 || p % align != 0) return false;
   if (config.checkpoint_interval > 0 && p % config.checkpoint_interval == 0) return true;
+  if (p == r.divergence) return true;
   return p == (r.prompt_len - 1) / align * align;
 }
 
@@ -276,6 +277,7 @@ Status KvCacheManager::AddRequest(const RequestSpec& spec) {
   r.encoder_input = spec.encoder_input;
   r.retention = spec.retention;
   r.prompt_len = prompt_len;
+  r.divergence = 0;
   r.computed = r.reserved = 0;
   r.started = r.step_open = r.encoder_ready = false;
   r.step_begin = r.step_end = 0;

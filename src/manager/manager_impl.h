@@ -52,6 +52,9 @@ struct Request {
   std::vector<BlockHash> encoder_hashes;  // per encoder block
   Retention retention = Retention::kNormal;
   int64_t prompt_len = 0;
+  // Where the cached attention prefix went further than any cached state at the first Allocate:
+  // the state there is checkpointed, so the next request sharing that prefix hits it.
+  int64_t divergence = 0;
   int64_t computed = 0;
   int64_t reserved = 0;  // token tables cover [0, reserved)
   bool started = false;  // the first Allocate happened
@@ -120,7 +123,8 @@ struct KvCacheManager::Impl {
   manager_internal::NeededBlocks Needed(int32_t group, int64_t x) const;
 
   // Hit search (hit_search.cc).
-  int64_t LookupFixedPoint(const Request& r, int64_t cap);
+  int64_t LookupFixedPoint(const Request& r, int64_t cap, bool token_groups_only = false);
+  int64_t DivergenceOf(const Request& r, int64_t hit);
   int64_t TruncateFixedPoint(const Request& r, int64_t x, int64_t new_known) const;
   bool EncoderCached(const Request& r) const;
 
@@ -130,7 +134,8 @@ struct KvCacheManager::Impl {
   void ReleaseOne(int32_t pool, int32_t block, Retention retention);
   void AcquireHeld(int32_t pool, int32_t block);
   void PublishBlock(int32_t pool, int32_t block, const PrefixKey& key);
-  void PlanSnapshots(const Request& r, int64_t begin, int64_t end, std::vector<int64_t>& out) const;
+  void PlanSnapshots(const Request& r, int64_t begin, int64_t end, int64_t divergence,
+                     std::vector<int64_t>& out) const;
 
   // Operations split across files.
   Status Allocate(Request& r, int64_t num_new, const PrefixHit& hit, int64_t lookahead);
@@ -138,6 +143,7 @@ struct KvCacheManager::Impl {
   Result<TruncateResult> Truncate(Request& r, int64_t n);
   Status Fork(const Request& parent, RequestId child);
   void FreeRequest(Request& r);
+  void ReleaseTokenBlocksCoherently(Request& r);
   Status CheckInvariants() const;
 
   int32_t NewSlot();
@@ -160,6 +166,7 @@ struct KvCacheManager::Impl {
   std::vector<int32_t> to_release;  // per pool batch
   std::vector<int32_t> release_low, release_normal;
   std::vector<int64_t> positions;
+  std::vector<std::pair<int64_t, int32_t>> release_order;  // (block end position, block)
   std::vector<int64_t> full_prefix;
   // Lookup visits token groups before state groups: attention bounds the hit cheaply, and the
   // state group's downward probe then starts from there instead of from the prompt's end.

@@ -142,7 +142,44 @@ Status KvCacheManager::Impl::Fork(const Request& parent, RequestId child) {
   return Status::Ok();
 }
 
+void KvCacheManager::Impl::ReleaseTokenBlocksCoherently(Request& r) {
+  for (size_t p = 0; p < pools.size(); ++p) {
+    BlockPool& bp = pools[p];
+    release_order.clear();
+    for (size_t gi = 0; gi < config.groups.size(); ++gi) {
+      const GroupConfig& gc = config.groups[gi];
+      if (static_cast<size_t>(gc.pool) != p || !IsDecoderTokens(gc)) continue;
+      GroupState& gs = r.groups[gi];
+      const int64_t bs = gc.block_tokens;
+      for (size_t j = 0; j < gs.table.size(); ++j) {
+        int32_t b = gs.table[j];
+        if (b == BlockPool::kNullBlock && ReleasesTokens(gc) &&
+            j < static_cast<size_t>(gs.num_published)) {
+          // Released when it left the window; if it is still cached and nobody holds it, it
+          // rejoins the eviction order at its position, next to the other groups' blocks.
+          const int32_t cached =
+              bp.Find(TokenKey(r, static_cast<int32_t>(gi), static_cast<int64_t>(j)));
+          if (cached <= BlockPool::kNullBlock || bp.ref_count(cached) != 0) continue;
+          AcquireHeld(gc.pool, cached);
+          b = cached;
+        }
+        if (b != BlockPool::kNullBlock) {
+          release_order.emplace_back(static_cast<int64_t>(j + 1) * bs, b);
+        }
+      }
+      gs.table.clear();
+    }
+    std::stable_sort(release_order.begin(), release_order.end(),
+                     [](const auto& a, const auto& b) { return a.first > b.first; });
+    to_release.clear();
+    for (const auto& [end, block] : release_order)
+      to_release.push_back(block);
+    Release(static_cast<int32_t>(p), to_release, r.retention);
+  }
+}
+
 void KvCacheManager::Impl::FreeRequest(Request& r) {
+  if (config.coherent_eviction) ReleaseTokenBlocksCoherently(r);
   for (size_t gi = 0; gi < config.groups.size(); ++gi) {
     const auto g = static_cast<int32_t>(gi);
     const GroupConfig& gc = config.groups[gi];
@@ -183,6 +220,7 @@ void KvCacheManager::Impl::FreeRequest(Request& r) {
   r.copies.clear();
   r.step_open = false;
   r.started = false;
+  r.divergence = 0;
 }
 
 }  // namespace hkv

@@ -17,10 +17,6 @@ int64_t PagesNeeded(const KvGroup& g, int64_t tokens, int64_t encoder_tokens);
 std::vector<int64_t> ClassDemand(const std::vector<KvGroup>& groups, size_t num_classes,
                                  int64_t tokens, int64_t encoder_tokens);
 
-// The pre-hybrid layout's bytes per token: every KV-owning layer, plus each recurrent layer
-// counted as one more full-attention layer shaped like the model's first KV-owning layer.
-int64_t UniformBytesPerToken(const ModelSpec& model);
-
 // Footprint of one sequence with the given groups and classes (classes' page_bytes must be set).
 Footprint ComputeFootprint(const ModelSpec& model, const std::vector<KvGroup>& groups,
                            const std::vector<PageClass>& classes, int64_t uniform_bytes_per_token,

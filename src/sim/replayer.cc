@@ -125,6 +125,7 @@ Result<ReplayReport> Replay(const Trace& trace, const ManagerConfig& config,
   Stopwatch watch;
   size_t next = 0;
   int64_t s = 0;
+  int64_t finished = 0;
   while (next < reqs.size() || !waiting.empty() || !running.empty()) {
     // 0. Arrivals; skip idle gaps.
     while (next < reqs.size() && reqs[next].trace->arrival_step <= s)
@@ -201,6 +202,15 @@ Result<ReplayReport> Replay(const Trace& trace, const ManagerConfig& config,
       report.admission_hits += hit.tokens;
       step.hit_tokens += hit.tokens;
     }
+    if (running.empty() && !waiting.empty()) {
+      // Nothing runs, so every cached block was free to evict and the head still did not fit:
+      // it never will, and waiting for it would loop forever.
+      const Live& r = *waiting.front();
+      return Status::ResourceExhausted(fmt::format(
+          "replay: request {} ({} tokens) does not fit in the pools even with nothing else "
+          "running; give the manager more memory",
+          r.trace->id, num_tokens(r)));
+    }
     // What an engine receives for the step: every scheduled request's tables and slots.
     for (const Scheduled& sc : scheduled) {
       for (size_t g = 0; g < mc.groups.size(); ++g) {
@@ -244,6 +254,7 @@ Result<ReplayReport> Replay(const Trace& trace, const ManagerConfig& config,
         running.erase(std::find(running.begin(), running.end(), r));
         HKV_RETURN_IF_ERROR(watch([&] { return manager.Free(r->id); }));
         r->added = false;
+        ++finished;
       }
     }
     report.manager_us.push_back(watch.Take());
@@ -251,7 +262,9 @@ Result<ReplayReport> Replay(const Trace& trace, const ManagerConfig& config,
     if (o.record_steps) report.log.push_back(step);
     ++report.steps;
     ++s;
+    if (o.on_progress && report.steps % 256 == 0) o.on_progress(finished);
   }
+  if (o.on_progress) o.on_progress(finished);
   return report;
 }
 

@@ -138,8 +138,11 @@ void EvictUpTo(Driver& d, RequestId id, int32_t pool, int32_t block, int32_t bs)
 
 TEST(PrefixHit, WindowHeadMissKeepsTheHitButFullAttentionMissShortensIt) {
   // Pool 0 is the window group's alone, so its eviction can be steered block by block; pool 1
-  // (full attention) is large enough to keep everything.
-  Driver d(MakeConfig({16, 256}, {Window(8, 4, 0), Full(4, 1)}));
+  // (full attention) is large enough to keep everything. vLLM's eviction order: the window
+  // blocks released at commit keep their place at the front of the free list.
+  ManagerConfig vllm_order = MakeConfig({16, 256}, {Window(8, 4, 0), Full(4, 1)});
+  vllm_order.coherent_eviction = false;
+  Driver d(vllm_order);
   d.Add(1, Seq(33));
   d.Prefill(1);
   const auto window = d.Table(1, 0);
@@ -267,6 +270,60 @@ TEST(PrefixHit, CrossAttentionEncoderBlocksAreShared) {
   d.Add(3, Seq(5, 300), other);
   EXPECT_FALSE(d.Lookup(3).encoder);
   EXPECT_EQ(d.m().stats().encoder_hits, 1);
+}
+
+// One pool shared by a window group (span 8) and full attention, both with 4-token blocks, sized
+// so that after the 33-token request is freed the free list holds exactly its 18 blocks. A
+// filler request of `evict` / 2 * 4 tokens then takes (evicts) `evict` blocks from the front.
+int64_t HitAfterEvicting(bool coherent, int32_t evict) {
+  ManagerConfig c = MakeConfig({19}, {Window(8, 4, 0), Full(4, 0)});
+  c.coherent_eviction = coherent;
+  Driver d(c);
+  d.Add(1, Seq(33));
+  d.Prefill(1);  // the window released its blocks 0..5 at commit
+  d.Free(1);
+  d.Add(50, Seq(evict / 2 * 4, 5000));
+  EXPECT_TRUE(d.m().Allocate(50, evict / 2 * 4).ok());
+  d.Check();
+  d.Add(2, Seq(33));
+  return d.Lookup(2).tokens;
+}
+
+TEST(PrefixHit, CoherentEvictionShortensAHitBlockByBlockAcrossGroups) {
+  // Free requeues the window's released blocks and releases both groups tail first by position:
+  // the list is [partial window, partial full, w7, f7, w6, f6, ...]. Each evicted pair of blocks
+  // shortens the hit by one block, and the window before the shorter hit is still there.
+  EXPECT_EQ(HitAfterEvicting(true, 2), 32);
+  EXPECT_EQ(HitAfterEvicting(true, 6), 24);
+  EXPECT_EQ(HitAfterEvicting(true, 10), 16);
+  EXPECT_EQ(HitAfterEvicting(true, 14), 8);
+  // vLLM's order keeps the early-released window blocks first in line and frees group by group
+  // ([partials, w5..w0, w7, w6, f7..f0]): the full hit survives while the head of the window
+  // goes, then the last window goes and nothing is left that a hit could use, although all the
+  // full-attention blocks are still cached.
+  EXPECT_EQ(HitAfterEvicting(false, 6), 32);
+  EXPECT_EQ(HitAfterEvicting(false, 10), 0);
+  EXPECT_EQ(HitAfterEvicting(false, 14), 0);
+}
+
+TEST(PrefixHit, DivergenceFromACachedPrefixLeavesACheckpointForTheNext) {
+  // Full attention (4-token blocks) and one recurrent state group in its own pool.
+  Driver d(MakeConfig({64, 16}, {Full(4, 0), StateGroup(1)}));
+  const std::vector<int32_t> system = Seq(16, 100);
+  d.Add(1, Concat(system, Seq(9, 1000)));
+  d.Prefill(1);  // checkpoints at 24 (its prompt's last aligned position) and nowhere else
+  d.Free(1);
+  // Request 2 shares the 16 system tokens: attention is cached there, the state is not. It
+  // computes from 0, and the state at 16, where it leaves the cached prefix, is kept.
+  d.Add(2, Concat(system, Seq(9, 2000)));
+  EXPECT_EQ(d.Prefill(2).tokens, 0);
+  d.Free(2);
+  // Request 3 shares the same system tokens and now hits them.
+  d.Add(3, Concat(system, Seq(9, 3000)));
+  EXPECT_EQ(d.Lookup(3).tokens, 16);
+  d.Prefill(3);
+  d.Free(3);
+  d.Check();
 }
 
 }  // namespace

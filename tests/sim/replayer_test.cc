@@ -153,6 +153,15 @@ TEST(Replayer, RejectsBadOptionsAndOversizedPrompts) {
   refused({Request(0, 5, {1, 2}, {3}), Request(1, 4, {1, 2}, {3})}, "arrival step 4");
 }
 
+TEST(Replayer, ARequestThatCanNeverFitIsAnErrorNotAHang) {
+  // 3 blocks of 4 tokens; the second request's 13-token prompt needs 4 even when it runs alone.
+  const Trace trace{Request(0, 0, {1, 2, 3}, {4}), Request(1, 0, std::vector<int32_t>(13, 5), {6})};
+  const auto r = Replay(trace, FullAttention(3), Options(16));
+  EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(r.status().message().find("request 1 (13 tokens) does not fit"), std::string::npos)
+      << r.status().message();
+}
+
 TEST(Replayer, IdealHitRateByHand) {
   // R1 shares R0's first 8 prompt tokens and its first output block: with 4-token blocks and a
   // cap of prompt - 1 = 11 tokens, it hits 8 of 12. R0 hits nothing. 8 / 20.

@@ -2,8 +2,10 @@
 #include <iostream>
 
 #include <CLI/CLI.hpp>
+#include <unistd.h>
 
 #include "plan_command.h"
+#include "simulate_command.h"
 #include "trace_command.h"
 #include "verify_command.h"
 
@@ -14,6 +16,8 @@ int main(int argc, char** argv) {
   CLI::App* plan = hkv::cli::AddPlanCommand(app, plan_args);
   hkv::cli::TraceGenArgs trace_args;
   CLI::App* trace_gen = hkv::cli::AddTraceCommand(app, trace_args);
+  hkv::cli::SimulateArgs simulate_args;
+  CLI::App* simulate = hkv::cli::AddSimulateCommand(app, simulate_args);
   hkv::cli::VerifyArgs verify_args;
   CLI::App* verify = hkv::cli::AddVerifyCommand(app, verify_args);
   try {
@@ -23,6 +27,9 @@ int main(int argc, char** argv) {
   }
   if (plan->parsed()) return hkv::cli::RunPlanCommand(plan_args, std::cout, std::cerr);
   if (trace_gen->parsed()) return hkv::cli::RunTraceGen(trace_args, std::cout, std::cerr);
+  if (simulate->parsed()) {
+    return hkv::cli::RunSimulate(simulate_args, std::cout, std::cerr, isatty(STDERR_FILENO) == 1);
+  }
   if (verify->parsed()) return hkv::cli::RunVerifyCommand(verify_args, std::cout, std::cerr);
   return 1;
 }

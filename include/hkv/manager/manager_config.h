@@ -43,6 +43,12 @@ struct ManagerConfig {
   int64_t checkpoint_interval = 0;  // recurrent checkpoints every this many tokens; 0: none
   bool enable_prefix_caching = true;
   bool drop_last_hit_block = false;  // speculative decoding (EAGLE/MTP): hits end one unit early
+  // Free releases the token blocks of all groups sharing a pool in one tail-first order by
+  // position, and takes back into that order the window/chunk blocks it released earlier that
+  // are still cached, so a finished request's prefix is evicted coherently across groups (what a
+  // hit needs) rather than one group at a time. false: vLLM's order (group by group, each tail
+  // first; released window blocks keep their earlier place).
+  bool coherent_eviction = true;
   bool record_events = true;
 
   // One pool per page class (its pages, capped to 2^31 - 1), one group per plan group.

@@ -111,4 +111,8 @@ struct Plan {
 
 Result<Plan> MakePlan(const ModelSpec& model, const PlanOptions& options);
 
+// Bytes one token costs when every cache-owning layer is treated as full attention and every
+// recurrent layer is charged like the first attention layer: the pre-hybrid uniform layout.
+int64_t UniformBytesPerToken(const ModelSpec& model);
+
 }  // namespace hkv

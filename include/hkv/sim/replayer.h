@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include <hkv/common/result.h>
@@ -35,6 +36,9 @@ struct ReplayOptions {
   int32_t vocab = 32000;     // range of generated output tokens
   bool record_steps = false;
   bool check_invariants = false;  // run the manager's checker after every step (tests)
+  // Called with the number of finished requests every 256 steps and once at the end (a progress
+  // bar); outside the measured manager time.
+  std::function<void(int64_t finished)> on_progress;
 };
 
 // One replayed step, as the per-step log records it (after admissions, before finishing).
@@ -67,7 +71,8 @@ struct ReplayReport {
 
 // Errors (nothing is replayed): options out of range, a manager that allows fewer tokens than
 // max_model_len, and a request with an empty or too long prompt, an output that disagrees with
-// output_len, or an arrival before the previous request's.
+// output_len, or an arrival before the previous request's. ResourceExhausted when a request
+// cannot be admitted even with nothing running (the pools are too small for it).
 Result<ReplayReport> Replay(const Trace& trace, const ManagerConfig& config,
                             const ReplayOptions& options);
 

@@ -1,0 +1,228 @@
+#include <algorithm>
+#include <climits>
+
+#include <fmt/format.h>
+
+#include <hkv/common/byte_size.h>
+#include <hkv/plan/plan.h>
+#include <hkv/sim/allocator_mode.h>
+
+namespace hkv {
+namespace {
+
+Result<int32_t> PoolBlocks(int64_t memory_bytes, int64_t block_bytes, std::string_view mode) {
+  const int64_t blocks = std::min<int64_t>(memory_bytes / block_bytes, INT32_MAX);
+  if (blocks < 2) {
+    return Status::ResourceExhausted(
+        fmt::format("{}: memory {} holds {} blocks of {}; the pool needs at least 2 (one is the "
+                    "null block)",
+                    mode, FormatBytes(memory_bytes), blocks, FormatBytes(block_bytes)));
+  }
+  return static_cast<int32_t>(blocks);
+}
+
+ManagerConfig BaseConfig(const AllocatorOptions& o) {
+  ManagerConfig c;
+  c.max_model_len = o.max_model_len;
+  c.record_events = false;
+  c.enable_prefix_caching = true;
+  return c;
+}
+
+Result<Allocator> MakeUniform(const ModelSpec& model, const AllocatorOptions& o,
+                              int64_t uniform_bytes_per_token) {
+  if (uniform_bytes_per_token <= 0) {
+    return Status::InvalidArgument(fmt::format(
+        "uniform: {} has no attention layer, so there is no per-token page to charge every layer",
+        model.source));
+  }
+  Allocator a;
+  a.mode = AllocatorMode::kUniform;
+  a.config = BaseConfig(o);
+  a.block_tokens = o.block_tokens;
+  const int64_t block_bytes = int64_t{o.block_tokens} * uniform_bytes_per_token;
+  HKV_ASSIGN_OR_RETURN(const int32_t blocks, PoolBlocks(o.memory_bytes, block_bytes, "uniform"));
+  a.config.pool_blocks = {blocks};
+  a.config.groups = {GroupConfig{TokenRule{TokenRuleKind::kAll, 0, 0}, o.block_tokens, 0}};
+  // Per-token blocks cannot restore a recurrence: a pre-hybrid engine turns prefix caching off
+  // for such models (a hit would skip the recurrent layers' state).
+  const bool recurrent = std::any_of(model.layers.begin(), model.layers.end(),
+                                     [](const LayerSpec& l) { return l.owns_state(); });
+  a.config.enable_prefix_caching = !recurrent;
+  a.pool_block_bytes = {block_bytes};
+  a.summary = fmt::format(
+      "1 group (every layer full attention), {}-token blocks of {}, {} blocks{}", o.block_tokens,
+      FormatBytes(block_bytes), blocks, recurrent ? ", prefix caching off (recurrent layers)" : "");
+  return a;
+}
+
+// One bucket of layers with identical specs, as vLLM groups them.
+struct Bucket {
+  TokenRule rule;
+  int64_t layer_bytes = 0;  // per token (attention) or per state
+  int32_t block_tokens = 0;
+  std::vector<int32_t> layers;
+};
+
+Result<Allocator> MakePadded(const ModelSpec& model, const AllocatorOptions& o) {
+  // Attention block growth so that one attention page holds a recurrent state.
+  int64_t attn_1tok = 0, state_page = 0;
+  for (const LayerSpec& l : model.layers) {
+    if (l.owns_kv()) attn_1tok = std::max(attn_1tok, l.kv_bytes_per_token());
+    if (l.owns_state()) state_page = std::max(state_page, l.state_bytes());
+  }
+  int64_t block = o.block_tokens;
+  if (attn_1tok > 0 && state_page > 0) {
+    block = std::max(block, o.block_tokens * CeilDiv(state_page, o.block_tokens * attn_1tok));
+  }
+  if (block > o.max_model_len) {
+    // vLLM still runs, but no prefix can ever fill a block; say so rather than pretend.
+    return Status::InvalidArgument(fmt::format(
+        "padded: the attention block grows to {} tokens to hold a {} recurrent state, beyond "
+        "max_model_len {}",
+        block, FormatBytes(state_page), o.max_model_len));
+  }
+  // One page size: the largest layer page; smaller attention pages get larger blocks.
+  int64_t page = 0;
+  for (const LayerSpec& l : model.layers) {
+    if (l.owns_kv()) page = std::max(page, block * l.kv_bytes_per_token());
+    if (l.owns_state()) page = std::max(page, l.state_bytes());
+  }
+  std::vector<Bucket> buckets;
+  for (size_t i = 0; i < model.layers.size(); ++i) {
+    const LayerSpec& l = model.layers[i];
+    if (!l.owns_kv() && !l.owns_state()) continue;
+    Bucket b;
+    b.rule = TokenRuleOf(l);
+    if (l.owns_kv()) {
+      const int64_t layer_page = block * l.kv_bytes_per_token();
+      if (page % layer_page != 0) {
+        return Status::InvalidArgument(fmt::format(
+            "padded: model layer {} has a {}-byte page that does not divide the {}-byte page of "
+            "the largest layer, so no block size gives them one page size",
+            l.layer, layer_page, page));
+      }
+      b.layer_bytes = l.kv_bytes_per_token();
+      b.block_tokens = static_cast<int32_t>(block * (page / layer_page));
+    } else {
+      b.layer_bytes = l.state_bytes();
+    }
+    auto it = std::find_if(buckets.begin(), buckets.end(), [&](const Bucket& x) {
+      return x.rule == b.rule && x.layer_bytes == b.layer_bytes && x.block_tokens == b.block_tokens;
+    });
+    if (it == buckets.end()) it = buckets.insert(buckets.end(), b);
+    it->layers.push_back(static_cast<int32_t>(i));
+  }
+  if (buckets.empty()) {
+    return Status::InvalidArgument(
+        fmt::format("padded: {} has no layer that keeps a cache", model.source));
+  }
+  size_t small = SIZE_MAX, large = 0;
+  for (const Bucket& b : buckets) {
+    small = std::min(small, b.layers.size());
+    large = std::max(large, b.layers.size());
+  }
+  const size_t group_layers = 2 * large < 3 * small ? large : small;
+  Allocator a;
+  a.mode = AllocatorMode::kPadded;
+  a.config = BaseConfig(o);
+  a.block_tokens = static_cast<int32_t>(block);
+  a.state_page_bytes = state_page > 0 ? page : 0;
+  int64_t padding = 0;
+  for (const Bucket& b : buckets) {
+    const size_t n = (b.layers.size() + group_layers - 1) / group_layers;
+    padding += static_cast<int64_t>(n * group_layers - b.layers.size());
+    for (size_t k = 0; k < n; ++k)
+      a.config.groups.push_back(GroupConfig{b.rule, b.rule.keeps_tokens() ? b.block_tokens : 0, 0});
+  }
+  const int64_t block_bytes = static_cast<int64_t>(group_layers) * page;
+  HKV_ASSIGN_OR_RETURN(const int32_t blocks, PoolBlocks(o.memory_bytes, block_bytes, "padded"));
+  a.config.pool_blocks = {blocks};
+  a.config.state_align_tokens = static_cast<int32_t>(block);
+  a.config.coherent_eviction = false;  // vLLM frees group by group
+  a.pool_block_bytes = {block_bytes};
+  a.summary = fmt::format(
+      "{} groups of {} layer slots ({} padding), {}-token attention blocks, one pool of {} "
+      "blocks of {}",
+      a.config.groups.size(), group_layers, padding, block, blocks, FormatBytes(block_bytes));
+  return a;
+}
+
+Result<Allocator> MakeHybridKV(const Plan& plan) {
+  Allocator a;
+  a.mode = AllocatorMode::kHybridKV;
+  HKV_ASSIGN_OR_RETURN(a.config, ManagerConfig::FromPlan(plan));
+  a.config.record_events = false;
+  std::string groups;
+  for (const KvGroup& g : plan.groups) {
+    if (g.is_state()) {
+      a.state_page_bytes = g.page_bytes;
+    } else {
+      a.block_tokens = std::max(a.block_tokens, g.block_tokens);
+    }
+  }
+  std::string pools;
+  for (const PageClass& c : plan.page_classes) {
+    a.pool_block_bytes.push_back(c.page_bytes);
+    pools +=
+        fmt::format("{}{} x {}", pools.empty() ? "" : ", ", c.num_pages, FormatBytes(c.page_bytes));
+  }
+  a.summary = fmt::format("{} groups, {}-token attention blocks, pools: {}", plan.groups.size(),
+                          a.block_tokens, pools);
+  return a;
+}
+
+}  // namespace
+
+std::string_view AllocatorModeName(AllocatorMode mode) {
+  switch (mode) {
+    case AllocatorMode::kUniform:
+      return "uniform";
+    case AllocatorMode::kPadded:
+      return "padded";
+    case AllocatorMode::kHybridKV:
+      return "hybridkv";
+  }
+  return "?";
+}
+
+Result<AllocatorMode> ParseAllocatorMode(std::string_view text) {
+  for (AllocatorMode m : kAllAllocatorModes) {
+    if (text == AllocatorModeName(m)) return m;
+  }
+  return Status::InvalidArgument(
+      fmt::format("allocator '{}': expected uniform, padded or hybridkv", text));
+}
+
+Result<Allocator> MakeAllocator(const ModelSpec& model, AllocatorMode mode,
+                                const AllocatorOptions& o) {
+  if (o.block_tokens < 1 || o.memory_bytes < 1 || o.max_model_len < 1 || o.planning_tokens < 0 ||
+      o.planning_tokens > o.max_model_len) {
+    return Status::InvalidArgument(
+        fmt::format("allocator: block_tokens {}, memory {} and max_model_len {} must be >= 1 and "
+                    "planning_tokens {} in [0, max_model_len]",
+                    o.block_tokens, o.memory_bytes, o.max_model_len, o.planning_tokens));
+  }
+  HKV_RETURN_IF_ERROR(model.Validate());
+  switch (mode) {
+    case AllocatorMode::kUniform:
+      return MakeUniform(model, o, UniformBytesPerToken(model));
+    case AllocatorMode::kPadded:
+      return MakePadded(model, o);
+    case AllocatorMode::kHybridKV: {
+      PlanOptions po;
+      po.memory_bytes = o.memory_bytes;
+      po.block_tokens = o.block_tokens;
+      po.max_model_len = o.max_model_len;
+      po.seq_tokens = o.planning_tokens;
+      Result<Plan> plan = MakePlan(model, po);
+      if (!plan.ok()) {
+        return Status(plan.status().code(), fmt::format("hybridkv: {}", plan.status().message()));
+      }
+      return MakeHybridKV(*plan);
+    }
+  }
+  return Status::InvalidArgument("allocator: unknown mode");
+}
+
+}  // namespace hkv

@@ -1,0 +1,156 @@
+// `hkv simulate` in process: the comparison table, byte-identical JSON apart from timings, the
+// per-step CSV, the plot, and refusals.
+#include "simulate_command.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <hkv/sim/trace.h>
+#include <hkv/sim/trace_generator.h>
+
+namespace hkv::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+class SimulateCommandTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ =
+        fs::temp_directory_path() /
+        ("hkv-simulate-test-" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) +
+         "-" + ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+    TraceGenOptions o;
+    o.num_requests = 80;
+    o.seed = 5;
+    o.session_gap = 20;
+    const Trace trace = GenerateTrace(o).value();
+    ASSERT_TRUE(WriteTraceFile(trace, dir_ / "trace.jsonl").ok());
+    args_.config = std::string(HKV_MODELS_DIR) + "/google--gemma-2-9b";
+    args_.trace = (dir_ / "trace.jsonl").string();
+    args_.memory = "3GiB";  // tight enough for preemptions and evictions
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  int Run(std::string& out, std::string& err) {
+    std::ostringstream o, e;
+    const int rc = RunSimulate(args_, o, e, false);
+    out = o.str();
+    err = e.str();
+    return rc;
+  }
+
+  fs::path dir_;
+  SimulateArgs args_;
+};
+
+TEST_F(SimulateCommandTest, JsonIsIdenticalAcrossRunsExceptTimings) {
+  args_.json = true;
+  std::string a, b, err;
+  ASSERT_EQ(Run(a, err), 0) << err;
+  ASSERT_EQ(Run(b, err), 0) << err;
+  nlohmann::json ja = nlohmann::json::parse(a), jb = nlohmann::json::parse(b);
+  ASSERT_EQ(ja["runs"].size(), 3u);
+  for (auto* j : {&ja, &jb}) {
+    for (auto& run : (*j)["runs"]) {
+      ASSERT_TRUE(run.contains("manager_us_per_step"));
+      for (const char* k : {"mean", "p50", "p99"})
+        EXPECT_GE(run["manager_us_per_step"][k].get<double>(), 0.0);
+      run.erase("manager_us_per_step");
+    }
+  }
+  EXPECT_EQ(ja.dump(), jb.dump());
+  const char* fields[] = {"allocator",
+                          "steps",
+                          "preemptions",
+                          "hit_rate",
+                          "hit_rate_incl_readmissions",
+                          "peak_blocks_used",
+                          "peak_running",
+                          "scheduled_tokens",
+                          "num_blocks",
+                          "block_tokens",
+                          "ideal_hit_rate"};
+  for (const auto& run : ja["runs"]) {
+    for (const char* f : fields)
+      EXPECT_TRUE(run.contains(f)) << f;
+    EXPECT_GT(run["hit_rate"].get<double>(), 0.0);
+    EXPECT_LE(run["hit_rate"].get<double>(), run["ideal_hit_rate"].get<double>());
+    EXPECT_LE(run["peak_blocks_used"].get<int64_t>(), run["num_blocks"].get<int64_t>());
+  }
+  EXPECT_EQ(ja["runs"][0]["allocator"], "uniform");
+  EXPECT_EQ(ja["runs"][1]["allocator"], "padded");
+  EXPECT_EQ(ja["runs"][2]["allocator"], "hybridkv");
+  // The memory is tight: the one-pool uniform layout preempts.
+  EXPECT_GT(ja["runs"][0]["preemptions"].get<int64_t>(), 0);
+}
+
+TEST_F(SimulateCommandTest, TableCsvAndPlot) {
+  args_.csv_dir = (dir_ / "csv").string();
+  args_.plot = (dir_ / "modes.png").string();
+  std::string out, err;
+  ASSERT_EQ(Run(out, err), 0) << err;
+  for (const char* mode : {"uniform", "padded", "hybridkv"})
+    EXPECT_NE(out.find(std::string("\n") + mode), std::string::npos) << out;
+  EXPECT_NE(out.find("ideal hit rate"), std::string::npos);
+  // One CSV row per replayed step, in step order.
+  args_.csv_dir.clear();
+  args_.plot.clear();
+  args_.json = true;
+  args_.allocator = "hybridkv";
+  std::string json;
+  ASSERT_EQ(Run(json, err), 0) << err;
+  const int64_t steps = nlohmann::json::parse(json)["runs"][0]["steps"].get<int64_t>();
+  std::ifstream csv(dir_ / "csv" / "hybridkv.csv");
+  std::string line;
+  ASSERT_TRUE(std::getline(csv, line));
+  EXPECT_EQ(line,
+            "step,running,waiting,blocks_used,cached_blocks,hit_tokens,preemptions,"
+            "scheduled_tokens");
+  int64_t rows = 0, last_step = -1;
+  while (std::getline(csv, line)) {
+    const int64_t step = std::stoll(line.substr(0, line.find(',')));
+    EXPECT_GT(step, last_step);
+    last_step = step;
+    ++rows;
+  }
+  EXPECT_EQ(rows, steps);
+  std::ifstream png(dir_ / "modes.png", std::ios::binary);
+  char magic[4] = {};
+  png.read(magic, 4);
+  EXPECT_EQ(std::string(magic + 1, 3), "PNG");
+}
+
+TEST_F(SimulateCommandTest, RefusalsExitTwoAndNameTheProblem) {
+  std::string out, err;
+  args_.allocator = "vllm";
+  EXPECT_EQ(Run(out, err), 2);
+  EXPECT_NE(err.find("allocator 'vllm'"), std::string::npos) << err;
+  args_.allocator = "all";
+  args_.trace = (dir_ / "missing.jsonl").string();
+  EXPECT_EQ(Run(out, err), 2);
+  EXPECT_NE(err.find("missing.jsonl"), std::string::npos) << err;
+  args_.trace = (dir_ / "trace.jsonl").string();
+  args_.memory = "lots";
+  EXPECT_EQ(Run(out, err), 2);
+  EXPECT_NE(err.find("lots"), std::string::npos) << err;
+  // A memory too small for the longest prompt: every mode reports it, exit 1.
+  args_.memory = "256MiB";
+  EXPECT_EQ(Run(out, err), 1);
+  EXPECT_NE(err.find("does not fit"), std::string::npos) << err;
+}
+
+TEST(SimulateDefaultTrace, IsFixed) {
+  const Trace a = GenerateTrace(DefaultSimulateTrace()).value();
+  const Trace b = GenerateTrace(DefaultSimulateTrace()).value();
+  EXPECT_EQ(a.size(), 1000u);
+  EXPECT_TRUE(a == b);
+}
+
+}  // namespace
+}  // namespace hkv::cli

@@ -1,0 +1,273 @@
+#include "simulate_command.h"
+
+#include <algorithm>
+#include <numeric>
+#include <optional>
+#include <ostream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <hkv/common/byte_size.h>
+#include <hkv/sim/allocator_mode.h>
+#include <hkv/sim/trace.h>
+#include <hkv/spec/config_loader.h>
+
+#include "simulate_output.h"
+
+namespace hkv::cli {
+namespace {
+
+struct TimeStats {
+  double mean = 0, p50 = 0, p99 = 0;
+};
+
+// Nearest-rank percentiles of the per-step manager times.
+TimeStats StatsOf(std::vector<double> us) {
+  TimeStats t;
+  if (us.empty()) return t;
+  t.mean = std::accumulate(us.begin(), us.end(), 0.0) / static_cast<double>(us.size());
+  const auto rank = [&](double q) {
+    const auto k = static_cast<size_t>(q * static_cast<double>(us.size() - 1) + 0.5);
+    std::nth_element(us.begin(), us.begin() + static_cast<std::ptrdiff_t>(k), us.end());
+    return us[k];
+  };
+  t.p50 = rank(0.50);
+  t.p99 = rank(0.99);
+  return t;
+}
+
+struct Run {
+  AllocatorMode mode;
+  std::optional<Allocator> allocator;
+  std::optional<ReplayReport> report;
+  std::string error;
+};
+
+struct Inputs {
+  ModelSpec model;
+  Trace trace;
+  std::string trace_name;
+  AllocatorOptions alloc;
+  ReplayOptions replay;
+  std::vector<AllocatorMode> modes;
+};
+
+Result<Inputs> Prepare(const SimulateArgs& args) {
+  Inputs in;
+  HKV_ASSIGN_OR_RETURN(in.alloc.memory_bytes, ParseByteSize(args.memory));
+  if (args.block_tokens < 1 || args.block_tokens > (1 << 16)) {
+    return Status::InvalidArgument(
+        fmt::format("--block-tokens {}: expected 1 to {}", args.block_tokens, 1 << 16));
+  }
+  in.alloc.block_tokens = args.block_tokens;
+  in.alloc.max_model_len = args.max_model_len;
+  in.replay.token_budget = args.budget;
+  in.replay.max_running = args.max_running;
+  in.replay.max_model_len = args.max_model_len;
+  in.replay.record_steps = !args.csv_dir.empty() || !args.plot.empty();
+  if (args.allocator == "all") {
+    in.modes.assign(std::begin(kAllAllocatorModes), std::end(kAllAllocatorModes));
+  } else {
+    HKV_ASSIGN_OR_RETURN(const AllocatorMode m, ParseAllocatorMode(args.allocator));
+    in.modes = {m};
+  }
+  HKV_ASSIGN_OR_RETURN(in.model, LoadModelConfig(args.config));
+  if (args.trace.empty()) {
+    const TraceGenOptions o = DefaultSimulateTrace();
+    HKV_ASSIGN_OR_RETURN(in.trace, GenerateTrace(o));
+    in.trace_name = fmt::format("built-in (seed {}, session gap {})", o.seed, o.session_gap);
+  } else {
+    HKV_ASSIGN_OR_RETURN(in.trace, ReadTrace(args.trace));
+    in.trace_name = args.trace;
+  }
+  if (in.trace.empty()) return Status::InvalidArgument("the trace holds no request");
+  // hybridkv splits memory between page classes for the trace's mean request length.
+  int64_t tokens = 0;
+  for (const TraceRequest& r : in.trace)
+    tokens += static_cast<int64_t>(r.prompt.size()) + r.output_len;
+  in.alloc.planning_tokens = std::clamp<int64_t>(tokens / static_cast<int64_t>(in.trace.size()), 1,
+                                                 std::max<int64_t>(args.max_model_len, 1));
+  return in;
+}
+
+nlohmann::json RunJson(const Run& run, double ideal, bool with_timings) {
+  nlohmann::json j;
+  j["allocator"] = AllocatorModeName(run.mode);
+  if (!run.report) {
+    j["error"] = run.error;
+    return j;
+  }
+  const ReplayReport& r = *run.report;
+  j["steps"] = r.steps;
+  j["preemptions"] = r.preemptions;
+  j["hit_rate"] = r.hit_rate();
+  j["hit_rate_incl_readmissions"] = r.hit_rate_incl_readmissions();
+  j["peak_blocks_used"] = r.peak_blocks_used;
+  j["peak_running"] = r.peak_running;
+  j["scheduled_tokens"] = r.scheduled_tokens;
+  j["num_blocks"] = r.num_blocks;
+  j["block_tokens"] = run.allocator->block_tokens;
+  j["state_page_bytes"] = run.allocator->state_page_bytes;
+  j["pool_block_bytes"] = run.allocator->pool_block_bytes;
+  j["ideal_hit_rate"] = ideal;
+  if (with_timings) {
+    const TimeStats t = StatsOf(r.manager_us);
+    j["manager_us_per_step"] = {{"mean", t.mean}, {"p50", t.p50}, {"p99", t.p99}};
+  }
+  return j;
+}
+
+void PrintTable(const Inputs& in, const SimulateArgs& args, const std::vector<Run>& runs,
+                double ideal, std::ostream& out) {
+  out << fmt::format("hkv simulate: {} | memory {} | trace {} ({} requests)\n", in.model.source,
+                     FormatBytes(in.alloc.memory_bytes), in.trace_name, in.trace.size());
+  out << fmt::format(
+      "  budget {} tokens/step, max running {}, max model len {}, block {} tokens; ideal hit "
+      "rate {:.4f}\n\n",
+      args.budget, args.max_running, args.max_model_len, args.block_tokens, ideal);
+  out << fmt::format("{:<9} {:>6} {:>8} {:>8} {:>8} {:>7} {:>7} {:>9} {:>8} {:>11} {:>20}\n",
+                     "allocator", "block", "blocks", "steps", "preempt", "hit", "hit+re",
+                     "peak blk", "peak run", "sched tok", "mgr us/step mean/p50/p99");
+  for (const Run& run : runs) {
+    if (!run.report) {
+      out << fmt::format("{:<9} n/a: {}\n", AllocatorModeName(run.mode), run.error);
+      continue;
+    }
+    const ReplayReport& r = *run.report;
+    const TimeStats t = StatsOf(r.manager_us);
+    out << fmt::format(
+        "{:<9} {:>6} {:>8} {:>8} {:>8} {:>7.4f} {:>7.4f} {:>9} {:>8} {:>11} {:>20}\n",
+        AllocatorModeName(run.mode), run.allocator->block_tokens, r.num_blocks, r.steps,
+        r.preemptions, r.hit_rate(), r.hit_rate_incl_readmissions(), r.peak_blocks_used,
+        r.peak_running, r.scheduled_tokens,
+        fmt::format("{:.1f}/{:.1f}/{:.1f}", t.mean, t.p50, t.p99));
+  }
+  out << "\n";
+  for (const Run& run : runs) {
+    if (run.allocator) {
+      out << fmt::format("  {:<9} {}\n", AllocatorModeName(run.mode), run.allocator->summary);
+    }
+  }
+}
+
+}  // namespace
+
+TraceGenOptions DefaultSimulateTrace() {
+  TraceGenOptions o;
+  o.num_requests = 1000;
+  o.seed = 7;
+  // Moderate load: Gemma-2-9B at 16 GiB keeps up with the arrivals (a heavier trace measures
+  // queueing more than caching: later turns arrive before earlier ones are served).
+  o.session_gap = 150;
+  return o;
+}
+
+CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
+  CLI::App* cmd = app.add_subcommand(
+      "simulate", "Replay a request trace through the manager under each allocator mode");
+  cmd->add_option("config", args.config, "config.json of the model, or the folder holding it")
+      ->required();
+  cmd->add_option(
+      "--trace", args.trace,
+      "trace (JSONL, replay.md); default: built-in, 1000 requests, seed 7, session gap 150");
+  cmd->add_option("--memory", args.memory, "KV memory, e.g. 16GiB")->capture_default_str();
+  cmd->add_option("--max-model-len", args.max_model_len, "most tokens per request")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{2}, int64_t{1} << 24));
+  cmd->add_option("--budget", args.budget, "token budget per step")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
+  cmd->add_option("--max-running", args.max_running, "most running requests")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--block-tokens", args.block_tokens, "tokens per attention block")
+      ->capture_default_str();
+  cmd->add_option("--allocator", args.allocator, "uniform, padded, hybridkv or all")
+      ->capture_default_str();
+  cmd->add_option("--csv", args.csv_dir, "write DIR/<allocator>.csv, one row per step");
+  cmd->add_option("--plot", args.plot, "write a PNG of the modes over time (gnuplot)");
+  cmd->add_flag("--json", args.json, "print {\"runs\": [...]} instead of a table");
+  return cmd;
+}
+
+int RunSimulate(const SimulateArgs& args, std::ostream& out, std::ostream& err, bool err_is_tty) {
+  Result<Inputs> prepared = Prepare(args);
+  if (!prepared.ok()) {
+    err << "hkv simulate: error: " << prepared.status().message() << "\n";
+    return 2;
+  }
+  Inputs& in = *prepared;
+  const double ideal = IdealHitRate(in.trace, args.block_tokens);
+  std::vector<Run> runs;
+  bool failed = false;
+  for (AllocatorMode mode : in.modes) {
+    Run& run = runs.emplace_back();
+    run.mode = mode;
+    Result<Allocator> a = MakeAllocator(in.model, mode, in.alloc);
+    if (!a.ok()) {
+      run.error = a.status().message();
+      failed = true;
+      continue;
+    }
+    run.allocator = std::move(*a);
+    ReplayOptions ro = in.replay;
+    if (err_is_tty) {
+      const auto total = static_cast<int64_t>(in.trace.size());
+      const std::string name(AllocatorModeName(mode));
+      ro.on_progress = [&err, total, name](int64_t done) {
+        const int64_t width = 40, filled = total == 0 ? width : done * width / total;
+        err << fmt::format("\r{:<9} [{:<40}] {}/{} requests", name,
+                           std::string(static_cast<size_t>(filled), '#'), done, total)
+            << std::flush;
+      };
+    }
+    Result<ReplayReport> r = Replay(in.trace, run.allocator->config, ro);
+    if (err_is_tty) err << "\r" << std::string(80, ' ') << "\r" << std::flush;
+    if (!r.ok()) {
+      run.error = r.status().message();
+      failed = true;
+      continue;
+    }
+    run.report = std::move(*r);
+  }
+  if (args.json) {
+    nlohmann::json j;
+    j["model"] = in.model.source;
+    j["trace"] = in.trace_name;
+    j["requests"] = in.trace.size();
+    j["memory_bytes"] = in.alloc.memory_bytes;
+    j["runs"] = nlohmann::json::array();
+    for (const Run& run : runs)
+      j["runs"].push_back(RunJson(run, ideal, true));
+    out << j.dump(2) << "\n";
+  } else {
+    PrintTable(in, args, runs, ideal, out);
+  }
+  std::vector<StepSeries> series;
+  for (const Run& run : runs) {
+    if (run.report) series.push_back({std::string(AllocatorModeName(run.mode)), &run.report->log});
+  }
+  if (!args.csv_dir.empty()) {
+    if (Status s = WriteStepCsv(args.csv_dir, series); !s.ok()) {
+      err << "hkv simulate: error: " << s.message() << "\n";
+      return 2;
+    }
+  }
+  if (!args.plot.empty()) {
+    const std::string title = fmt::format("{}, {}, {} requests", in.model.source,
+                                          FormatBytes(in.alloc.memory_bytes), in.trace.size());
+    if (Status s = WritePlot(args.plot, title, series); !s.ok()) {
+      err << "hkv simulate: error: " << s.message() << "\n";
+      return 2;
+    }
+  }
+  for (const Run& run : runs) {
+    if (!run.report) {
+      err << fmt::format("hkv simulate: {}: {}\n", AllocatorModeName(run.mode), run.error);
+    }
+  }
+  return failed ? 1 : 0;
+}
+
+}  // namespace hkv::cli

@@ -1,0 +1,41 @@
+// `hkv simulate`: replay a trace through the real manager under one or all allocator modes.
+//
+// Contract: RunSimulate loads the model, reads the trace (or generates the built-in default:
+// kDefaultTraceOptions), runs Replay once per requested allocator mode and prints one comparison
+// table (or, with --json, {"runs": [...]} with the figures replay.md names). --csv DIR writes one
+// per-step CSV per mode, --plot FILE a PNG of the modes over time (gnuplot). A progress bar goes
+// to `err` only when `err_is_tty`. Returns 0, 1 when a mode could not be replayed (the others are
+// still reported), or 2 for bad arguments, an unreadable config or trace, or a failed output.
+#pragma once
+
+#include <iosfwd>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include <hkv/sim/replayer.h>
+#include <hkv/sim/trace_generator.h>
+
+namespace hkv::cli {
+
+struct SimulateArgs {
+  std::string config;
+  std::string trace;  // empty: the built-in default trace
+  std::string memory = "16GiB";
+  int64_t max_model_len = 16384;
+  int64_t budget = 8192;
+  int32_t max_running = 1024;
+  int32_t block_tokens = 16;
+  std::string allocator = "all";
+  std::string csv_dir;
+  std::string plot;
+  bool json = false;
+};
+
+// The default trace: 1000 requests of replay.md's generator, seed 7, session gap 150 steps.
+TraceGenOptions DefaultSimulateTrace();
+
+CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args);
+int RunSimulate(const SimulateArgs& args, std::ostream& out, std::ostream& err, bool err_is_tty);
+
+}  // namespace hkv::cli
