@@ -17,6 +17,8 @@ Block pool model (what the C++ manager does for one full-attention group):
     block is first), to the back otherwise.
   * Publishing: after a step, each full computed block gets the identity of its prefix, unless
     another block already holds that identity (then it stays without one, and is never retried).
+  * A step where nothing runs and the head of `waiting` still cannot be admitted is an error: with
+    every block free it never will be (hkv simulate stops there too; replay.md is silent).
 
 Usage: replay_reference.py TRACE.jsonl --num-blocks N [--block-tokens 16] [--budget 8192]
          [--max-running 1024] [--max-model-len 16384] [--csv OUT.csv]
@@ -180,6 +182,10 @@ def main():
             tot["tokens"] += len(r.tokens)
             tot["hits"] += k * bs
             step_hits += k * bs
+        if not running and waiting:  # everything is free and the head still does not fit
+            r = waiting[0]
+            sys.exit("replay: request %d (%d tokens) does not fit in the pool even with nothing "
+                     "else running" % (r.spec["id"], len(r.tokens)))
         used = pool.usable - len(pool.free)
         row = [s, len(running), len(waiting), used, len(pool.index), step_hits, preempted, 0]
         tot["peak_blocks"] = max(tot["peak_blocks"], used)

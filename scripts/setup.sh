@@ -3,7 +3,8 @@
 set -euo pipefail
 
 packages=(g++ cmake ninja-build ccache pkg-config libgtest-dev libgmock-dev libbenchmark-dev
-          nlohmann-json3-dev libcli11-dev libfmt-dev libxxhash-dev clang-format clang libclang-rt-14-dev gnuplot-nox)
+          nlohmann-json3-dev libcli11-dev libfmt-dev libxxhash-dev clang-format clang libclang-rt-14-dev gnuplot-nox
+          python3)
 
 missing=()
 for p in "${packages[@]}"; do
