@@ -6,7 +6,6 @@
 // 256 tokens of their own) and 256 outputs each; max running N and memory enough for all of them,
 // so the replay admits them within a few budget-limited steps and then decodes N requests per
 // step. Counters: mgr_us_per_step (mean over all steps), p99_us, peak_running, steps.
-#include <algorithm>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -67,11 +66,9 @@ void BM_ReplayStep(benchmark::State& state) {
       state.SkipWithError(report.status().ToString().c_str());
       return;
     }
-    std::vector<double> us = report->manager_us;
-    mean = std::accumulate(us.begin(), us.end(), 0.0) / static_cast<double>(us.size());
-    const auto k = static_cast<size_t>(0.99 * static_cast<double>(us.size() - 1));
-    std::nth_element(us.begin(), us.begin() + static_cast<std::ptrdiff_t>(k), us.end());
-    p99 = us[k];
+    const StepTimes t = report->manager_times();
+    mean = t.mean;
+    p99 = t.p99;
     steps = report->steps;
     peak = report->peak_running;
   }

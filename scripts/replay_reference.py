@@ -182,7 +182,7 @@ def main():
             tot["tokens"] += len(r.tokens)
             tot["hits"] += k * bs
             step_hits += k * bs
-        if not running and waiting:  # everything is free and the head still does not fit
+        if not preempted and not running and waiting:  # tried with everything free: never fits
             r = waiting[0]
             sys.exit("replay: request %d (%d tokens) does not fit in the pool even with nothing "
                      "else running" % (r.spec["id"], len(r.tokens)))

@@ -153,7 +153,6 @@ Result<Allocator> MakeHybridKV(const Plan& plan) {
   a.mode = AllocatorMode::kHybridKV;
   HKV_ASSIGN_OR_RETURN(a.config, ManagerConfig::FromPlan(plan));
   a.config.record_events = false;
-  std::string groups;
   for (const KvGroup& g : plan.groups) {
     if (g.is_state()) {
       a.state_page_bytes = g.page_bytes;

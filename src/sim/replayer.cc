@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <chrono>
 #include <deque>
+#include <numeric>
 #include <string>
 #include <unordered_set>
 
@@ -52,6 +53,21 @@ double ReplayReport::hit_rate() const {
   return first_admission_tokens == 0 ? 0.0
                                      : static_cast<double>(first_admission_hits) /
                                            static_cast<double>(first_admission_tokens);
+}
+
+StepTimes ReplayReport::manager_times() const {
+  StepTimes t;
+  if (manager_us.empty()) return t;
+  std::vector<double> us = manager_us;
+  t.mean = std::accumulate(us.begin(), us.end(), 0.0) / static_cast<double>(us.size());
+  const auto rank = [&](double q) {
+    const auto k = static_cast<size_t>(q * static_cast<double>(us.size() - 1) + 0.5);
+    std::nth_element(us.begin(), us.begin() + static_cast<std::ptrdiff_t>(k), us.end());
+    return us[k];
+  };
+  t.p50 = rank(0.50);
+  t.p99 = rank(0.99);
+  return t;
 }
 
 double ReplayReport::hit_rate_incl_readmissions() const {
@@ -202,9 +218,9 @@ Result<ReplayReport> Replay(const Trace& trace, const ManagerConfig& config,
       report.admission_hits += hit.tokens;
       step.hit_tokens += hit.tokens;
     }
-    if (running.empty() && !waiting.empty()) {
-      // Nothing runs, so every cached block was free to evict and the head still did not fit:
-      // it never will, and waiting for it would loop forever.
+    if (!preempted && running.empty() && !waiting.empty()) {
+      // The head was tried with nothing running, so every cached block was free to evict, and it
+      // still did not fit: it never will, and waiting for it would loop forever.
       const Live& r = *waiting.front();
       return Status::ResourceExhausted(fmt::format(
           "replay: request {} ({} tokens) does not fit in the pools even with nothing else "

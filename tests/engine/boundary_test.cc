@@ -149,6 +149,33 @@ TEST_P(Boundaries, TruncateWithAndWithoutACheckpoint) {
   }
 }
 
+// Three requests share a 12-token prefix (a "system prompt") and then diverge, each freed before
+// the next starts, with no interval checkpoints. The first leaves attention blocks for the
+// prefix, but a window (12) or chunk (16) released its blocks there mid-request and the state
+// exists only at its own prompt's end: the second hits the prefix on models without recurrent
+// layers (through window/chunk blocks Free took back into the cache) and nothing on recurrent
+// ones, where it checkpoints the state at 12, the point it leaves the cached prefix; the third
+// then hits 12 everywhere. All three match dense with freed blocks poisoned.
+TEST_P(Boundaries, SharedPrefixAfterItsRequestsEnded) {
+  Harness s = Make(GetParam());
+  ManagerConfig config = ManagerConfig::FromPlan(s.plan).value();
+  config.checkpoint_interval = 0;  // checkpoints only where the manager chooses them
+  s.manager.emplace(KvCacheManager::Create(config).value());
+  const bool state = Has(s.spec, IsState);
+  const auto shared = Prompt(12, 71);
+  for (RequestId id : {1, 2, 3}) {
+    SCOPED_TRACE("request " + std::to_string(id));
+    const auto prompt = Concat(shared, Prompt(9, 500 + static_cast<uint32_t>(id)));
+    const Generation g = Generate(s, id, prompt, 8, 3);
+    const int64_t expected = id == 1 ? 0 : id == 2 && state ? 0 : 12;
+    EXPECT_EQ(g.hit, expected);
+    ExpectMatchesDense(s, g, prompt.size());
+    ASSERT_TRUE(s.manager->Free(id).ok());
+    ASSERT_TRUE(s.cache->PoisonFreeBlocks(*s.manager).ok());
+    ASSERT_TRUE(s.manager->CheckInvariants().ok());
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Models, Boundaries, testing::kEngineModels, testing::ModelTestName);
 
 // An engine that reads K/V the manager did not give it: request B receives the block request A

@@ -1,7 +1,6 @@
 #include "simulate_command.h"
 
 #include <algorithm>
-#include <numeric>
 #include <optional>
 #include <ostream>
 
@@ -17,25 +16,6 @@
 
 namespace hkv::cli {
 namespace {
-
-struct TimeStats {
-  double mean = 0, p50 = 0, p99 = 0;
-};
-
-// Nearest-rank percentiles of the per-step manager times.
-TimeStats StatsOf(std::vector<double> us) {
-  TimeStats t;
-  if (us.empty()) return t;
-  t.mean = std::accumulate(us.begin(), us.end(), 0.0) / static_cast<double>(us.size());
-  const auto rank = [&](double q) {
-    const auto k = static_cast<size_t>(q * static_cast<double>(us.size() - 1) + 0.5);
-    std::nth_element(us.begin(), us.begin() + static_cast<std::ptrdiff_t>(k), us.end());
-    return us[k];
-  };
-  t.p50 = rank(0.50);
-  t.p99 = rank(0.99);
-  return t;
-}
 
 struct Run {
   AllocatorMode mode;
@@ -112,7 +92,7 @@ nlohmann::json RunJson(const Run& run, double ideal, bool with_timings) {
   j["pool_block_bytes"] = run.allocator->pool_block_bytes;
   j["ideal_hit_rate"] = ideal;
   if (with_timings) {
-    const TimeStats t = StatsOf(r.manager_us);
+    const StepTimes t = r.manager_times();
     j["manager_us_per_step"] = {{"mean", t.mean}, {"p50", t.p50}, {"p99", t.p99}};
   }
   return j;
@@ -135,7 +115,7 @@ void PrintTable(const Inputs& in, const SimulateArgs& args, const std::vector<Ru
       continue;
     }
     const ReplayReport& r = *run.report;
-    const TimeStats t = StatsOf(r.manager_us);
+    const StepTimes t = r.manager_times();
     out << fmt::format(
         "{:<9} {:>6} {:>8} {:>8} {:>8} {:>7.4f} {:>7.4f} {:>9} {:>8} {:>11} {:>20}\n",
         AllocatorModeName(run.mode), run.allocator->block_tokens, r.num_blocks, r.steps,

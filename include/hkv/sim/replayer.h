@@ -53,6 +53,11 @@ struct ReplayStep {
   int64_t scheduled_tokens = 0;
 };
 
+// Mean and nearest-rank percentiles of the per-step manager time, in microseconds.
+struct StepTimes {
+  double mean = 0, p50 = 0, p99 = 0;
+};
+
 struct ReplayReport {
   int64_t steps = 0;
   int64_t preemptions = 0;
@@ -67,6 +72,7 @@ struct ReplayReport {
 
   double hit_rate() const;
   double hit_rate_incl_readmissions() const;
+  StepTimes manager_times() const;
 };
 
 // Errors (nothing is replayed): options out of range, a manager that allows fewer tokens than
