@@ -59,6 +59,26 @@ Status ManagerConfig::Validate() const {
           p, pool_blocks[p]));
     }
   }
+  if (arena.num_slabs < 0) {
+    return Status::InvalidArgument(
+        fmt::format("manager config: arena.num_slabs {} is negative", arena.num_slabs));
+  }
+  if (arena.enabled()) {
+    if (arena.pages_per_slab.size() != pool_blocks.size()) {
+      return Status::InvalidArgument(
+          fmt::format("manager config: arena.pages_per_slab has {} entries for {} pools",
+                      arena.pages_per_slab.size(), pool_blocks.size()));
+    }
+    for (size_t p = 0; p < pool_blocks.size(); ++p) {
+      const int32_t per = arena.pages_per_slab[p];
+      if (per < 1 || arena.num_slabs * per + 1 != pool_blocks[p]) {
+        return Status::InvalidArgument(fmt::format(
+            "manager config: pool {} has {} blocks and {} pages per slab; with {} slabs it "
+            "needs pages per slab >= 1 and num_slabs * pages_per_slab + 1 blocks",
+            p, pool_blocks[p], per, arena.num_slabs));
+      }
+    }
+  }
   if (groups.empty()) return Status::InvalidArgument("manager config: no groups");
   bool has_encoder = false;
   for (size_t i = 0; i < groups.size(); ++i) {

@@ -34,8 +34,22 @@ struct GroupConfig {
   bool is_encoder() const { return rule.kind == TokenRuleKind::kEncoder; }
 };
 
+// Two-level memory: the pools do not own fixed block ranges but draw their blocks from
+// `num_slabs` shared slabs (large pages); a slab carved for pool p holds pages_per_slab[p]
+// blocks, and returns to the shared slabs when all of them are free. Pool p's block ids are
+// then 1 + slab * pages_per_slab[p] + page (so pool_blocks[p] must be
+// num_slabs * pages_per_slab[p] + 1), which is what lets an engine address a block as
+// slab * slab_bytes + page * page_bytes. num_slabs == 0: every pool owns all its blocks.
+struct ArenaConfig {
+  int64_t num_slabs = 0;
+  std::vector<int32_t> pages_per_slab;  // per pool
+
+  bool enabled() const { return num_slabs > 0; }
+};
+
 struct ManagerConfig {
   std::vector<int32_t> pool_blocks;  // blocks per pool, the null block included
+  ArenaConfig arena;
   std::vector<GroupConfig> groups;
   int64_t max_model_len = 0;        // most decoder tokens (incl. lookahead) a request may reach
   int64_t max_encoder_tokens = 0;   // most encoder tokens a request may bring (cross attention)
