@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <climits>
 
 #include <fmt/format.h>
 
@@ -11,21 +12,107 @@ Result<BlockPool> BlockPool::Create(int32_t num_blocks, bool record_events) {
     return Status::InvalidArgument(fmt::format(
         "block pool of {} blocks: expected at least 2 (block 0 is the null block)", num_blocks));
   }
-  return BlockPool(num_blocks, record_events);
+  return BlockPool(1, num_blocks - 1, true, std::make_shared<uint64_t>(0), record_events);
 }
 
-BlockPool::BlockPool(int32_t num_blocks, bool record_events)
-    : ref_(static_cast<size_t>(num_blocks), 0),
-      prev_(static_cast<size_t>(num_blocks), -1),
-      next_(static_cast<size_t>(num_blocks), -1),
-      on_list_(static_cast<size_t>(num_blocks), 0),
-      key_(static_cast<size_t>(num_blocks)),
-      has_key_(static_cast<size_t>(num_blocks), 0),
-      index_(num_blocks),
-      record_events_(record_events) {
-  for (int32_t b = 1; b < num_blocks; ++b)
+Result<BlockPool> BlockPool::CreateSegmented(int32_t num_segments, int32_t segment_blocks,
+                                             std::shared_ptr<uint64_t> clock, bool record_events) {
+  if (num_segments < 1 || segment_blocks < 1 ||
+      int64_t{num_segments} * segment_blocks + 1 > INT32_MAX) {
+    return Status::InvalidArgument(fmt::format(
+        "segmented block pool of {} segments of {} blocks: expected >= 1 of each and at most "
+        "2^31 - 2 blocks",
+        num_segments, segment_blocks));
+  }
+  if (clock == nullptr) return Status::InvalidArgument("segmented block pool: no eviction clock");
+  return BlockPool(num_segments, segment_blocks, false, std::move(clock), record_events);
+}
+
+BlockPool::BlockPool(int32_t num_segments, int32_t segment_blocks, bool owned,
+                     std::shared_ptr<uint64_t> clock, bool record_events)
+    : ref_(static_cast<size_t>(num_segments) * static_cast<size_t>(segment_blocks) + 1, 0),
+      prev_(ref_.size(), -1),
+      next_(ref_.size(), -1),
+      on_list_(ref_.size(), 0),
+      key_(ref_.size()),
+      has_key_(ref_.size(), 0),
+      index_(static_cast<int32_t>(ref_.size())),
+      record_events_(record_events),
+      pending_(ref_.size(), 0),
+      tick_(ref_.size(), 0),
+      clock_(std::move(clock)),
+      segment_blocks_(segment_blocks),
+      seg_held_(static_cast<size_t>(num_segments), 0),
+      seg_cached_(static_cast<size_t>(num_segments), 0),
+      seg_list_(static_cast<size_t>(num_segments), kUnowned),
+      seg_prev_(static_cast<size_t>(num_segments), -1),
+      seg_next_(static_cast<size_t>(num_segments), -1),
+      seg_tick_(static_cast<size_t>(num_segments), 0) {
+  if (!owned) return;
+  // A pool that owns its blocks from the start queues them in id order.
+  for (int32_t s = 0; s < num_segments; ++s) {
+    MoveSegment(s, kEmptyUncached);
+    num_owned_ += segment_blocks_;
+  }
+  for (int32_t b = 1; b < num_blocks(); ++b)
     Append(b);
-  pending_.assign(static_cast<size_t>(num_blocks), 0);
+}
+
+Status BlockPool::CheckSegmentId(int32_t segment, const char* call) const {
+  if (segment < 0 || segment >= num_segments()) {
+    return Status::InvalidArgument(fmt::format("{}: segment {} is out of range: expected 0 to {}",
+                                               call, segment, num_segments() - 1));
+  }
+  return Status::Ok();
+}
+
+void BlockPool::MoveSegment(int32_t seg, uint8_t list) {
+  const size_t i = Seg(seg);
+  const uint8_t from = seg_list_[i];
+  if (from == kEmptyUncached || from == kEmptyCached) {
+    if (seg_prev_[i] >= 0)
+      seg_next_[Seg(seg_prev_[i])] = seg_next_[i];
+    else
+      empty_head_[from] = seg_next_[i];
+    if (seg_next_[i] >= 0)
+      seg_prev_[Seg(seg_next_[i])] = seg_prev_[i];
+    else
+      empty_tail_[from] = seg_prev_[i];
+    seg_prev_[i] = seg_next_[i] = -1;
+    --num_empty_;
+  }
+  seg_list_[i] = list;
+  if (list == kEmptyUncached || list == kEmptyCached) {
+    seg_prev_[i] = empty_tail_[list];
+    if (empty_tail_[list] >= 0)
+      seg_next_[Seg(empty_tail_[list])] = seg;
+    else
+      empty_head_[list] = seg;
+    empty_tail_[list] = seg;
+    ++num_empty_;
+  }
+}
+
+void BlockPool::Held(int32_t b) {
+  const int32_t seg = segment_of(b);
+  if (seg_held_[Seg(seg)]++ == 0) MoveSegment(seg, kPartlyHeld);
+}
+
+void BlockPool::Released(int32_t b) {
+  const int32_t seg = segment_of(b);
+  const size_t i = Seg(seg);
+  if (--seg_held_[i] == 0) {
+    seg_tick_[i] = *clock_;
+    MoveSegment(seg, seg_cached_[i] > 0 ? kEmptyCached : kEmptyUncached);
+  }
+}
+
+void BlockPool::SegmentCached(int32_t b, int delta) {
+  const int32_t seg = segment_of(b);
+  const size_t i = Seg(seg);
+  seg_cached_[i] += delta;
+  // An empty segment that loses its last identity is plain free memory from now on.
+  if (seg_cached_[i] == 0 && seg_list_[i] == kEmptyCached) MoveSegment(seg, kEmptyUncached);
 }
 
 Status BlockPool::CheckBlockId(int32_t block, const char* call) const {
@@ -50,6 +137,7 @@ void BlockPool::Unlink(int32_t b) {
   prev_[i] = next_[i] = -1;
   on_list_[i] = 0;
   --num_free_;
+  num_free_cached_ -= has_key_[i];
 }
 
 void BlockPool::Append(int32_t b) {
@@ -63,6 +151,8 @@ void BlockPool::Append(int32_t b) {
   tail_ = b;
   on_list_[i] = 1;
   ++num_free_;
+  num_free_cached_ += has_key_[i];
+  tick_[i] = ++*clock_;
 }
 
 void BlockPool::Prepend(int32_t b) {
@@ -76,6 +166,8 @@ void BlockPool::Prepend(int32_t b) {
   head_ = b;
   on_list_[i] = 1;
   ++num_free_;
+  num_free_cached_ += has_key_[i];
+  tick_[i] = 0;
 }
 
 void BlockPool::Record(KvEvent::Kind kind, const PrefixKey& key, int32_t block) {
@@ -87,6 +179,8 @@ void BlockPool::DropIdentity(int32_t b) {
   if (!has_key_[i]) return;
   index_.Erase(key_[i]);
   has_key_[i] = 0;
+  num_free_cached_ -= on_list_[i];
+  SegmentCached(b, -1);
   Record(KvEvent::Kind::kRemoved, key_[i], b);
 }
 
@@ -100,6 +194,7 @@ Status BlockPool::Allocate(int32_t n, std::vector<int32_t>& out) {
     Unlink(b);
     DropIdentity(b);  // the lazy eviction happens here, when the block is reused
     ref_[static_cast<size_t>(b)] = 1;
+    Held(b);
     out.push_back(b);
   }
   return Status::Ok();
@@ -115,7 +210,7 @@ Status BlockPool::Acquire(int32_t block) {
     }
     Unlink(block);
   }
-  ++ref_[i];
+  if (ref_[i]++ == 0) Held(block);
   return Status::Ok();
 }
 
@@ -123,8 +218,8 @@ Status BlockPool::Publish(int32_t block, const PrefixKey& key) {
   HKV_RETURN_IF_ERROR(CheckBlockId(block, "publish"));
   const size_t i = static_cast<size_t>(block);
   if (ref_[i] == 0) {
-    return Status::FailedPrecondition(
-        fmt::format("publish: block {} is free: only held blocks can be published", block));
+    return Status::FailedPrecondition(fmt::format(
+        "publish: block {} is free or dormant: only held blocks can be published", block));
   }
   if (has_key_[i]) {
     return Status::FailedPrecondition(
@@ -134,6 +229,7 @@ Status BlockPool::Publish(int32_t block, const PrefixKey& key) {
   index_.Insert(key, block);
   key_[i] = key;
   has_key_[i] = 1;
+  SegmentCached(block, +1);
   Record(KvEvent::Kind::kStored, key, block);
   return Status::Ok();
 }
@@ -161,12 +257,18 @@ Status BlockPool::Free(std::span<const int32_t> blocks, Retention retention) {
   if (!bad.ok()) return bad;
   if (retention == Retention::kNormal) {
     for (int32_t b : blocks) {
-      if (--ref_[static_cast<size_t>(b)] == 0) Append(b);
+      if (--ref_[static_cast<size_t>(b)] == 0) {
+        Append(b);
+        Released(b);
+      }
     }
   } else {
     // Prepending in reverse keeps the listed order at the head.
     for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) {
-      if (--ref_[static_cast<size_t>(*it)] == 0) Prepend(*it);
+      if (--ref_[static_cast<size_t>(*it)] == 0) {
+        Prepend(*it);
+        Released(*it);
+      }
     }
   }
   return Status::Ok();
@@ -175,7 +277,47 @@ Status BlockPool::Free(std::span<const int32_t> blocks, Retention retention) {
 void BlockPool::ResetPrefixCache() {
   index_.Clear();
   std::fill(has_key_.begin(), has_key_.end(), 0);
+  std::fill(seg_cached_.begin(), seg_cached_.end(), 0);
+  num_free_cached_ = 0;
+  while (empty_head_[kEmptyCached] >= 0)
+    MoveSegment(empty_head_[kEmptyCached], kEmptyUncached);
   Record(KvEvent::Kind::kCleared, {}, 0);
+}
+
+Status BlockPool::AddSegment(int32_t segment) {
+  HKV_RETURN_IF_ERROR(CheckSegmentId(segment, "add segment"));
+  if (segment_owned(segment)) {
+    return Status::FailedPrecondition(
+        fmt::format("add segment: segment {} is already owned by this pool", segment));
+  }
+  seg_tick_[Seg(segment)] = *clock_;
+  MoveSegment(segment, kEmptyUncached);
+  const int32_t first = segment * segment_blocks_ + 1;
+  for (int32_t b = first + segment_blocks_ - 1; b >= first; --b)
+    Prepend(b);  // reversed, so the head runs in id order
+  num_owned_ += segment_blocks_;
+  return Status::Ok();
+}
+
+Status BlockPool::RemoveSegment(int32_t segment) {
+  HKV_RETURN_IF_ERROR(CheckSegmentId(segment, "remove segment"));
+  if (!segment_owned(segment)) {
+    return Status::FailedPrecondition(
+        fmt::format("remove segment: segment {} is not owned by this pool", segment));
+  }
+  if (segment_held(segment) > 0) {
+    return Status::FailedPrecondition(fmt::format(
+        "remove segment: segment {} still has {} held block(s)", segment, segment_held(segment)));
+  }
+  const int32_t first = segment * segment_blocks_ + 1;
+  for (int32_t b = first; b < first + segment_blocks_; ++b) {
+    DropIdentity(b);
+    Unlink(b);
+    tick_[static_cast<size_t>(b)] = 0;
+  }
+  MoveSegment(segment, kUnowned);
+  num_owned_ -= segment_blocks_;
+  return Status::Ok();
 }
 
 std::vector<int32_t> BlockPool::FreeListOrder() const {
@@ -216,19 +358,72 @@ Status BlockPool::CheckInvariants() const {
   }
   int32_t marked = 0;
   int32_t identities = 0;
+  int32_t free_cached = 0;
+  std::vector<int32_t> held(seg_held_.size(), 0), cached(seg_held_.size(), 0);
   for (int32_t b = 1; b < num_blocks(); ++b) {
     const size_t i = static_cast<size_t>(b);
+    const size_t seg = Seg(segment_of(b));
     if (ref_[i] < 0) return fail(fmt::format("block {} has ref {}", b, ref_[i]));
+    if (seg_list_[seg] == kUnowned) {
+      if (ref_[i] != 0 || on_list_[i] || has_key_[i]) {
+        return fail(fmt::format("block {} of unowned segment {} is in use", b, seg));
+      }
+      continue;
+    }
     if ((ref_[i] == 0) != (on_list_[i] != 0)) {
       return fail(fmt::format("block {} is neither exactly free nor exactly held", b));
     }
     marked += on_list_[i];
+    held[seg] += ref_[i] > 0 ? 1 : 0;
     if (has_key_[i]) {
       ++identities;
+      ++cached[seg];
+      free_cached += on_list_[i];
       if (index_.Find(key_[i]) != b) {
         return fail(fmt::format("block {} has an identity the index does not map to it", b));
       }
     }
+  }
+  if (free_cached != num_free_cached_) {
+    return fail(fmt::format("{} free blocks are cached but the count says {}", free_cached,
+                            num_free_cached_));
+  }
+  int32_t owned = 0, empty = 0;
+  for (size_t seg = 0; seg < seg_held_.size(); ++seg) {
+    const uint8_t list = seg_list_[seg];
+    if (list == kUnowned) continue;
+    owned += segment_blocks_;
+    if (held[seg] != seg_held_[seg] || cached[seg] != seg_cached_[seg]) {
+      return fail(fmt::format("segment {} counts {} held and {} cached blocks, has {} and {}", seg,
+                              seg_held_[seg], seg_cached_[seg], held[seg], cached[seg]));
+    }
+    const uint8_t want =
+        held[seg] > 0 ? kPartlyHeld : (cached[seg] > 0 ? kEmptyCached : kEmptyUncached);
+    if (list != want) return fail(fmt::format("segment {} is on the wrong list", seg));
+    empty += list != kPartlyHeld ? 1 : 0;
+  }
+  if (owned != num_owned_) {
+    return fail(fmt::format("{} blocks owned but the count says {}", owned, num_owned_));
+  }
+  int32_t listed = 0;
+  for (uint8_t list : {kEmptyUncached, kEmptyCached}) {
+    int32_t before = -1;
+    for (int32_t seg = empty_head_[list]; seg >= 0; seg = seg_next_[Seg(seg)]) {
+      if (seg_list_[Seg(seg)] != list || seg_prev_[Seg(seg)] != before) {
+        return fail(fmt::format("empty-segment list {} is broken at segment {}", list, seg));
+      }
+      // Cached empty segments are evicted oldest first, so their list keeps clock order.
+      if (list == kEmptyCached && before >= 0 && seg_tick_[Seg(before)] > seg_tick_[Seg(seg)]) {
+        return fail(
+            fmt::format("cached empty segments {} and {} are out of age order", before, seg));
+      }
+      if (++listed > num_segments()) return fail("an empty-segment list has a cycle");
+      before = seg;
+    }
+    if (before != empty_tail_[list]) return fail("an empty-segment list's tail is wrong");
+  }
+  if (listed != empty || listed != num_empty_) {
+    return fail(fmt::format("{} empty segments, {} listed, count {}", empty, listed, num_empty_));
   }
   if (marked != num_free_) return fail("free marks and the free list disagree");
   if (identities != index_.size()) {

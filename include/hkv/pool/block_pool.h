@@ -13,10 +13,20 @@
 //   it for new data; then its identity is dropped (a `removed` event).
 // - A prefix key maps to at most one block and a block has at most one key.
 // - Every call that returns a failed Status has changed nothing.
+// - Blocks come in segments of segment_blocks() consecutive ids (block b is in segment
+//   (b - 1) / segment_blocks()). A pool made by Create owns its one segment for life. A pool made
+//   by CreateSegmented starts owning none: the level above (SlabArena) hands it segments with
+//   AddSegment and takes back segments none of whose blocks is held with RemoveSegment. Blocks of
+//   segments the pool does not own are dormant: neither free nor held, not allocatable.
+// - Owned segments with no held block are kept in two lists ordered by when they last became
+//   empty: those holding no prefix identity (plain free memory) and those still caching some.
+//   Free-list entries and empty segments carry ticks of one eviction clock, which pools of one
+//   arena share, so their ages compare across pools.
 // Metadata is struct-of-arrays, sized once; steady-state calls do not allocate (events aside).
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -44,6 +54,11 @@ class BlockPool {
 
   // num_blocks counts the null block, so at least 2. Events can be switched off for benchmarks.
   static Result<BlockPool> Create(int32_t num_blocks, bool record_events = true);
+  // A pool of num_segments * segment_blocks blocks (plus the null block) that owns no segment
+  // yet. `clock` is the eviction clock; pools sharing one have comparable ticks.
+  static Result<BlockPool> CreateSegmented(int32_t num_segments, int32_t segment_blocks,
+                                           std::shared_ptr<uint64_t> clock,
+                                           bool record_events = true);
 
   // Appends n fresh blocks (ref 1) to `out`, all or nothing.
   Status Allocate(int32_t n, std::vector<int32_t>& out);
@@ -62,8 +77,36 @@ class BlockPool {
   // Drops every prefix identity (held and free blocks alike) and emits one `cleared` event.
   void ResetPrefixCache();
 
+  // Segments. AddSegment makes an unowned segment's blocks free and uncached, at the head of the
+  // free list (the next Allocate takes them before anything cached). RemoveSegment gives up an
+  // owned segment none of whose blocks is held; the identities its free blocks had are dropped
+  // (`removed` events).
+  Status AddSegment(int32_t segment);
+  Status RemoveSegment(int32_t segment);
+  int32_t num_segments() const { return static_cast<int32_t>(seg_held_.size()); }
+  int32_t segment_blocks() const { return segment_blocks_; }
+  int32_t segment_of(int32_t block) const { return (block - 1) / segment_blocks_; }
+  bool segment_owned(int32_t segment) const { return seg_list_[Seg(segment)] != kUnowned; }
+  int32_t segment_held(int32_t segment) const { return seg_held_[Seg(segment)]; }
+  int32_t segment_cached(int32_t segment) const { return seg_cached_[Seg(segment)]; }
+  // The owned segment with no held block that became so first, among those without (or with)
+  // cached blocks; -1 when there is none. empty_since() is its tick.
+  int32_t OldestEmptyUncached() const { return empty_head_[kEmptyUncached]; }
+  int32_t OldestEmptyCached() const { return empty_head_[kEmptyCached]; }
+  uint64_t empty_since(int32_t segment) const { return seg_tick_[Seg(segment)]; }
+  int32_t num_empty_segments() const { return num_empty_; }
+  // Owned blocks (free or held), free blocks with a prefix identity.
+  int32_t num_owned() const { return num_owned_; }
+  int32_t num_free_cached() const { return num_free_cached_; }
+  // The tick a free block was queued with (0 for blocks queued at the head).
+  uint64_t free_tick(int32_t block) const { return tick_[static_cast<size_t>(block)]; }
+  // The free block after `block` in eviction order (-1 at the end); -1 starts from the head.
+  int32_t NextFree(int32_t block) const {
+    return block < 0 ? head_ : next_[static_cast<size_t>(block)];
+  }
+
   int32_t num_blocks() const { return static_cast<int32_t>(ref_.size()); }
-  int32_t num_free() const { return num_free_; }
+  int32_t num_free() const { return num_free_; }  // free owned blocks, cached or not
   int32_t num_cached() const { return index_.size(); }
   int32_t ref_count(int32_t block) const { return ref_[static_cast<size_t>(block)]; }
   bool has_identity(int32_t block) const { return has_key_[static_cast<size_t>(block)] != 0; }
@@ -79,13 +122,24 @@ class BlockPool {
   Status CheckInvariants(std::span<const int32_t> expected_ref_counts) const;
 
  private:
-  BlockPool(int32_t num_blocks, bool record_events);
+  // Segment list ids: where an owned segment with no held block is kept.
+  static constexpr uint8_t kEmptyUncached = 0, kEmptyCached = 1, kPartlyHeld = 2, kUnowned = 3;
+
+  BlockPool(int32_t num_segments, int32_t segment_blocks, bool owned,
+            std::shared_ptr<uint64_t> clock, bool record_events);
+  static size_t Seg(int32_t segment) { return static_cast<size_t>(segment); }
   Status CheckBlockId(int32_t block, const char* call) const;
+  Status CheckSegmentId(int32_t segment, const char* call) const;
   void Unlink(int32_t block);
   void Append(int32_t block);
   void Prepend(int32_t block);
   void DropIdentity(int32_t block);
   void Record(KvEvent::Kind kind, const PrefixKey& key, int32_t block);
+  // Reference transitions 0 -> 1 and 1 -> 0, and identity changes, as seen by the segments.
+  void Held(int32_t block);
+  void Released(int32_t block);
+  void SegmentCached(int32_t block, int delta);
+  void MoveSegment(int32_t segment, uint8_t list);  // onto the tail of `list` (or off all lists)
 
   std::vector<int32_t> ref_;
   std::vector<int32_t> prev_, next_;  // free-list links, -1 at the ends
@@ -97,6 +151,17 @@ class BlockPool {
   bool record_events_ = true;
   std::vector<KvEvent> events_;
   std::vector<int32_t> pending_;  // Free's validation: times listed per block, kept all zero
+  std::vector<uint64_t> tick_;    // per free block: eviction clock when queued
+  std::shared_ptr<uint64_t> clock_;
+  int32_t num_owned_ = 0, num_free_cached_ = 0;
+  // Segments.
+  int32_t segment_blocks_ = 1;
+  std::vector<int32_t> seg_held_, seg_cached_;
+  std::vector<uint8_t> seg_list_;
+  std::vector<int32_t> seg_prev_, seg_next_;
+  std::vector<uint64_t> seg_tick_;
+  int32_t empty_head_[2] = {-1, -1}, empty_tail_[2] = {-1, -1};
+  int32_t num_empty_ = 0;
 };
 
 }  // namespace hkv
