@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "manager_impl.h"
 
@@ -94,6 +95,7 @@ Status KvCacheManager::Impl::Allocate(Request& r, int64_t num_new, const PrefixH
   // changes until every pool is known to suffice.
   std::fill(need.begin(), need.end(), 0);
   hit_blocks.clear();
+  hit_keep.clear();
   const int64_t divergence = r.started ? r.divergence : DivergenceOf(r, hit.tokens);
   PlanSnapshots(r, begin, end, divergence, positions);
   const auto stale = [&](const char* what) {
@@ -117,7 +119,10 @@ Status KvCacheManager::Impl::Allocate(Request& r, int64_t num_new, const PrefixH
           if (j >= nb.sinks && j < nb.lo) continue;
           const int32_t b = bp.Find(TokenKey(r, g, j));
           if (b < 0) return stale("a KV block");
-          if (bp.ref_count(b) == 0) ++n;
+          if (bp.ref_count(b) == 0) {
+            ++n;
+            hit_keep.push_back({gc.pool, b});
+          }
           hit_blocks.push_back(b);
         }
         have = nb.hi;
@@ -134,7 +139,10 @@ Status KvCacheManager::Impl::Allocate(Request& r, int64_t num_new, const PrefixH
         for (int64_t i = 0; i < blocks; ++i) {
           const int32_t b = bp.Find({r.encoder_hashes[static_cast<size_t>(i)], g});
           if (b < 0) return stale("an encoder block");
-          if (bp.ref_count(b) == 0) ++n;
+          if (bp.ref_count(b) == 0) {
+            ++n;
+            hit_keep.push_back({gc.pool, b});
+          }
           hit_blocks.push_back(b);
         }
       } else {
@@ -144,7 +152,10 @@ Status KvCacheManager::Impl::Allocate(Request& r, int64_t num_new, const PrefixH
       if (!r.started && begin > 0) {
         const int32_t b = bp.Find(StateKey(r, g, begin));
         if (b < 0) return stale("a recurrent checkpoint");
-        if (bp.ref_count(b) == 0) ++n;
+        if (bp.ref_count(b) == 0) {
+          ++n;
+          hit_keep.push_back({gc.pool, b});
+        }
         hit_blocks.push_back(b);
       }
       const bool in_place = r.started && gs.live != BlockPool::kNullBlock &&
@@ -152,12 +163,24 @@ Status KvCacheManager::Impl::Allocate(Request& r, int64_t num_new, const PrefixH
       n += (in_place ? 0 : 1) + static_cast<int64_t>(positions.size());
     }
   }
-  for (size_t p = 0; p < pools.size(); ++p) {
-    if (need[p] > pools[p].num_free()) {
+  if (arena.num_slabs() > 0) {
+    // Two-level memory: move slabs so every pool can allocate its need (nothing moves when it
+    // cannot); the Apply step below then only draws from the pools.
+    const Status reserved = arena.Reserve(pools, need, hit_keep);
+    if (!reserved.ok()) {
       ++stats.allocations_failed;
-      return Status::ResourceExhausted(fmt::format(
-          "allocate: request {}: pool {} needs {} free blocks for positions [{}, {}), has {}", r.id,
-          p, need[p], begin, end + lookahead, pools[p].num_free()));
+      return Status::ResourceExhausted(
+          fmt::format("allocate: request {}: positions [{}, {}) need {} block(s) per pool: {}",
+                      r.id, begin, end + lookahead, fmt::join(need, "/"), reserved.message()));
+    }
+  } else {
+    for (size_t p = 0; p < pools.size(); ++p) {
+      if (need[p] > pools[p].num_free()) {
+        ++stats.allocations_failed;
+        return Status::ResourceExhausted(fmt::format(
+            "allocate: request {}: pool {} needs {} free blocks for positions [{}, {}), has {}",
+            r.id, p, need[p], begin, end + lookahead, pools[p].num_free()));
+      }
     }
   }
 

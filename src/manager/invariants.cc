@@ -123,6 +123,10 @@ Status KvCacheManager::Impl::CheckInvariants() const {
       return Status::FailedPrecondition(fmt::format("invariant: pool {}: {}", p, s.message()));
     }
   }
+  if (arena.num_slabs() > 0) {
+    Status s = arena.CheckInvariants(pools);
+    if (!s.ok()) return Status::FailedPrecondition(fmt::format("invariant: {}", s.message()));
+  }
   return Status::Ok();
 }
 

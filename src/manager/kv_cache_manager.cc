@@ -51,6 +51,12 @@ KvCacheManager::Impl::Impl(const ManagerConfig& c)
 Result<KvCacheManager> KvCacheManager::Create(const ManagerConfig& config) {
   HKV_RETURN_IF_ERROR(config.Validate());
   auto impl = std::make_unique<Impl>(config);
+  if (config.arena.enabled()) {
+    HKV_ASSIGN_OR_RETURN(impl->arena,
+                         SlabArena::Create(config.arena.num_slabs, config.arena.pages_per_slab));
+    HKV_ASSIGN_OR_RETURN(impl->pools, impl->arena.MakePools(config.record_events));
+    return KvCacheManager(std::move(impl));
+  }
   for (int32_t blocks : config.pool_blocks) {
     HKV_ASSIGN_OR_RETURN(BlockPool pool, BlockPool::Create(blocks, config.record_events));
     impl->pools.push_back(std::move(pool));
@@ -379,10 +385,10 @@ Status KvCacheManager::ResetPrefixCache() {
   Impl& m = *impl_;
   for (size_t p = 0; p < m.pools.size(); ++p) {
     const BlockPool& bp = m.pools[p];
-    if (bp.num_free() != bp.num_blocks() - 1) {
+    if (bp.num_free() != bp.num_owned()) {
       return Status::FailedPrecondition(
           fmt::format("reset prefix cache: pool {} has {} blocks in use; free every request first",
-                      p, bp.num_blocks() - 1 - bp.num_free()));
+                      p, bp.num_owned() - bp.num_free()));
     }
   }
   for (BlockPool& bp : m.pools)
@@ -514,7 +520,7 @@ const ManagerStats& KvCacheManager::stats() const {
 PoolUsage KvCacheManager::Usage(int32_t pool) const {
   if (pool < 0 || static_cast<size_t>(pool) >= impl_->pools.size()) return {};
   const BlockPool& bp = impl_->pools[static_cast<size_t>(pool)];
-  return {bp.num_blocks() - 1, bp.num_free(), bp.num_cached()};
+  return {bp.num_owned(), bp.num_free(), bp.num_cached()};
 }
 
 std::vector<ManagerEvent> KvCacheManager::TakeEvents() {

@@ -14,6 +14,7 @@
 
 #include <hkv/manager/kv_cache_manager.h>
 #include <hkv/pool/block_pool.h>
+#include <hkv/pool/slab_arena.h>
 
 #include "request_table.h"
 
@@ -153,7 +154,9 @@ struct KvCacheManager::Impl {
   int32_t align = 1;
   bool has_encoder = false;
   std::vector<BlockPool> pools;
-  std::vector<Request> requests;  // slots, recycled
+  SlabArena arena;                  // two-level memory (config.arena); unused otherwise
+  std::vector<PoolBlock> hit_keep;  // Allocate: free hit blocks whose slabs must stay
+  std::vector<Request> requests;    // slots, recycled
   std::vector<int32_t> free_slots;
   manager_internal::RequestTable index;
   ManagerStats stats;

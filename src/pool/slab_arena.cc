@@ -32,6 +32,8 @@ Result<SlabArena> SlabArena::Create(int64_t num_slabs, std::span<const int32_t> 
   SlabArena a;
   a.pages_per_slab_.assign(pages_per_slab.begin(), pages_per_slab.end());
   a.owner_.assign(static_cast<size_t>(num_slabs), -1);
+  a.kept_.assign(static_cast<size_t>(num_slabs), 0);
+  a.kept_empty_.assign(pages_per_slab.size(), 0);
   a.unassigned_.reserve(static_cast<size_t>(num_slabs));
   // A stack popped from the back: slab 0 is handed out first.
   for (int64_t s = num_slabs - 1; s >= 0; --s)
@@ -52,9 +54,10 @@ Result<std::vector<BlockPool>> SlabArena::MakePools(bool record_events) const {
   return pools;
 }
 
-int64_t SlabArena::Spare(const BlockPool& q, int32_t per, int64_t need_q) const {
-  const int64_t surplus = std::max<int64_t>(0, q.num_free() - need_q);
-  return std::min<int64_t>(q.num_empty_segments(), surplus / per);
+int64_t SlabArena::Spare(std::span<const BlockPool> pools, size_t q, int64_t need_q) const {
+  const int64_t surplus = std::max<int64_t>(0, pools[q].num_free() - need_q);
+  return std::min<int64_t>(pools[q].num_empty_segments() - kept_empty_[q],
+                           surplus / pages_per_slab_[q]);
 }
 
 void SlabArena::Move(std::span<BlockPool> pools, int32_t slab, int32_t from, size_t p) {
@@ -68,6 +71,12 @@ void SlabArena::Move(std::span<BlockPool> pools, int32_t slab, int32_t from, siz
   owner_[static_cast<size_t>(slab)] = static_cast<int32_t>(p);
 }
 
+int32_t SlabArena::FirstUnkept(const BlockPool& pool, int32_t seg) const {
+  while (seg >= 0 && kept_[static_cast<size_t>(seg)] != 0)
+    seg = pool.NextEmptySegment(seg);
+  return seg;
+}
+
 int32_t SlabArena::Donor(std::span<BlockPool> pools, std::span<const int64_t> need, size_t p,
                          uint64_t before, int32_t& from) const {
   int32_t best = -1;
@@ -75,12 +84,13 @@ int32_t SlabArena::Donor(std::span<BlockPool> pools, std::span<const int64_t> ne
   for (size_t q = 0; q < pools.size(); ++q) {
     if (q == p) continue;
     const BlockPool& bq = pools[q];
-    if (Spare(bq, pages_per_slab_[q], need[q]) < 1) continue;
-    if (bq.OldestEmptyUncached() >= 0) {
+    if (Spare(pools, q, need[q]) < 1) continue;
+    const int32_t plain = FirstUnkept(bq, bq.OldestEmptyUncached());
+    if (plain >= 0) {
       from = static_cast<int32_t>(q);
-      return bq.OldestEmptyUncached();
+      return plain;
     }
-    const int32_t seg = bq.OldestEmptyCached();
+    const int32_t seg = FirstUnkept(bq, bq.OldestEmptyCached());
     if (seg < 0) continue;
     const uint64_t tick = bq.empty_since(seg);
     if ((before == 0 || tick < before) && (best < 0 || tick < best_tick)) {
@@ -92,11 +102,34 @@ int32_t SlabArena::Donor(std::span<BlockPool> pools, std::span<const int64_t> ne
   return best;
 }
 
-Status SlabArena::Reserve(std::span<BlockPool> pools, std::span<const int64_t> need) {
+Status SlabArena::Reserve(std::span<BlockPool> pools, std::span<const int64_t> need,
+                          std::span<const PoolBlock> keep) {
   if (pools.size() != pages_per_slab_.size() || need.size() != pools.size()) {
     return Status::InvalidArgument(fmt::format("reserve: {} pools and {} needs for {} classes",
                                                pools.size(), need.size(), pages_per_slab_.size()));
   }
+  for (const PoolBlock& k : keep) {
+    if (k.pool < 0 || static_cast<size_t>(k.pool) >= pools.size() || k.block < 1 ||
+        k.block >= pools[static_cast<size_t>(k.pool)].num_blocks()) {
+      return Status::InvalidArgument(
+          fmt::format("reserve: kept block {} of pool {} does not exist", k.block, k.pool));
+    }
+  }
+  for (const PoolBlock& k : keep) {
+    const BlockPool& bp = pools[static_cast<size_t>(k.pool)];
+    const int32_t seg = bp.segment_of(k.block);
+    if (bp.ref_count(k.block) != 0 || kept_[static_cast<size_t>(seg)] != 0) continue;
+    kept_[static_cast<size_t>(seg)] = 1;
+    if (bp.segment_held(seg) == 0) ++kept_empty_[static_cast<size_t>(k.pool)];
+  }
+  const Status s = ReserveKeeping(pools, need);
+  for (const PoolBlock& k : keep)
+    kept_[static_cast<size_t>(pools[static_cast<size_t>(k.pool)].segment_of(k.block))] = 0;
+  std::fill(kept_empty_.begin(), kept_empty_.end(), 0);
+  return s;
+}
+
+Status SlabArena::ReserveKeeping(std::span<BlockPool> pools, std::span<const int64_t> need) {
   // Feasibility first, so a refusal changes nothing.
   int64_t short_slabs = 0;
   int64_t supply = num_unassigned();
@@ -108,7 +141,7 @@ Status SlabArena::Reserve(std::span<BlockPool> pools, std::span<const int64_t> n
     if (deficit > 0) {
       short_slabs += CeilDiv(deficit, pages_per_slab_[p]);
     } else {
-      supply += Spare(pools[p], pages_per_slab_[p], need[p]);
+      supply += Spare(pools, p, need[p]);
     }
   }
   if (short_slabs > supply) {

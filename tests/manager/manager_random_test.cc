@@ -93,7 +93,8 @@ struct DriveOptions {
   int64_t max_prompt = 400;
   int64_t max_chunk = 160;
   int64_t max_output = 120;
-  double pressure = 1.2;  // largest requests that fit at once (SizePools)
+  double pressure = 1.2;   // largest requests that fit at once (SizePools)
+  bool two_level = false;  // pools draw from shared slabs (TwoLevel) instead of fixed sizes
 };
 
 // Sizes every pool so that about `requests` requests of the largest size fit at once: enough
@@ -109,6 +110,29 @@ void SizePools(ManagerConfig& c, const DriveOptions& o, double requests) {
   }
   for (size_t p = 0; p < need.size(); ++p)
     c.pool_blocks[p] = 1 + static_cast<int32_t>(need[p]);
+}
+
+// Turns sized pools into two-level memory of the same total: state pools get one page per
+// slab (a state page is the large one), token pools 8, or 3 for a second token pool, so memory
+// moves between classes whenever their demand shifts.
+void TwoLevel(ManagerConfig& c) {
+  std::vector<int32_t> per(c.pool_blocks.size(), 0);
+  int32_t token_pools = 0;
+  for (const GroupConfig& g : c.groups) {
+    int32_t& pp = per[static_cast<size_t>(g.pool)];
+    if (g.is_state()) {
+      pp = 1;
+    } else if (pp == 0) {
+      pp = token_pools++ == 0 ? 8 : 3;
+    }
+  }
+  int64_t slabs = 0;
+  for (size_t p = 0; p < per.size(); ++p)
+    slabs += (c.pool_blocks[p] - 1 + per[p] - 1) / per[p];
+  c.arena.num_slabs = slabs;
+  c.arena.pages_per_slab = per;
+  for (size_t p = 0; p < per.size(); ++p)
+    c.pool_blocks[p] = static_cast<int32_t>(slabs * per[p] + 1);
 }
 
 struct ShapeCase {
@@ -190,6 +214,21 @@ std::vector<ShapeCase> Shapes() {
                  return std::optional(c);
                },
                {.pressure = 1.6}});
+  s.push_back(
+      {"Jamba_two_level", [] { return FromModel("ai21labs--Jamba-v0.1"); }, {.two_level = true}});
+  s.push_back({"Qwen3Next_two_level_ckpt64",
+               [] { return FromModel("Qwen--Qwen3-Next-80B-A3B-Instruct", 0, 64); },
+               {.two_level = true}});
+  s.push_back({"Hand_kitchen_sink_two_level",
+               [] {
+                 ManagerConfig c =
+                     HandBuilt(3, {Group(TK::kAll, 16, 0), Group(TK::kWindow, 16, 0, 24, 2),
+                                   Group(TK::kChunk, 16, 1, 48), Group(TK::kState, 0, 2),
+                                   Group(TK::kEncoder, 16, 1)});
+                 c.checkpoint_interval = 48;
+                 return std::optional(c);
+               },
+               {.pressure = 1.6, .two_level = true}});
   s.push_back(
       {"Hand_no_prefix_cache_no_events",
        [] {
@@ -649,6 +688,7 @@ TEST_P(ManagerRandomTest, RandomOperationsReadExactlyWhatWasWritten) {
   ASSERT_TRUE(config.has_value());
   const DriveOptions& o = GetParam().drive;
   SizePools(*config, o, o.pressure);
+  if (o.two_level) TwoLevel(*config);
   bool state = false;
   for (const GroupConfig& g : config->groups)
     state = state || g.is_state();
@@ -697,6 +737,7 @@ TEST_P(ManagerRandomTest, FreedPromptComesBackAsItsWholeAlignedPrefix) {
   std::optional<ManagerConfig> config = GetParam().make();
   ASSERT_TRUE(config.has_value());
   SizePools(*config, {.max_prompt = 700}, 12);  // nothing is ever evicted
+  if (GetParam().drive.two_level) TwoLevel(*config);
   std::optional<KvCacheManager> m = Make(*config);
   ASSERT_TRUE(m.has_value());
   Driver d(*m, 7, {.max_prompt = 700});

@@ -177,6 +177,30 @@ TEST(SlabArenaTest, EvictionFollowsOneAgeOrderAcrossClasses) {
   EXPECT_EQ(m.pools[1].Find(Key(2)), -1);
 }
 
+TEST(SlabArenaTest, KeptBlocksHoldTheirSlab) {
+  Memory m(2, {1, 1});
+  std::vector<std::vector<int32_t>> a;
+  ASSERT_TRUE(m.Take({2, 0}, a).ok());
+  ASSERT_TRUE(m.pools[0].Publish(a[0][0], Key(1)).ok());
+  ASSERT_TRUE(m.pools[0].Publish(a[0][1], Key(2)).ok());
+  ASSERT_TRUE(m.pools[0].Free(a[0]).ok());  // Key(1)'s slab emptied first
+  // A caller about to acquire Key(1) keeps it: class 1 gets the other slab.
+  const std::vector<PoolBlock> keep = {{0, a[0][0]}};
+  ASSERT_TRUE(m.arena.Reserve(m.pools, std::vector<int64_t>{1, 1}, keep).ok());
+  m.Check();
+  EXPECT_EQ(m.pools[0].Find(Key(1)), a[0][0]);
+  EXPECT_EQ(m.pools[0].Find(Key(2)), -1);
+  // With the only empty slab kept, nothing can be given.
+  std::vector<std::vector<int32_t>> b;
+  ASSERT_TRUE(m.pools[1].Allocate(1, b.emplace_back()).ok());
+  EXPECT_EQ(m.arena.Reserve(m.pools, std::vector<int64_t>{0, 1}, keep).code(),
+            StatusCode::kResourceExhausted);
+  const std::vector<PoolBlock> bad = {{0, 99}};
+  EXPECT_EQ(m.arena.Reserve(m.pools, std::vector<int64_t>{0, 0}, bad).code(),
+            StatusCode::kInvalidArgument);
+  m.Check();
+}
+
 TEST(SlabArenaTest, ReserveNeverTakesAClassBelowItsOwnNeed) {
   Memory m(2, {2, 2});
   std::vector<std::vector<int32_t>> got;

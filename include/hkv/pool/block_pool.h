@@ -94,6 +94,8 @@ class BlockPool {
   int32_t OldestEmptyUncached() const { return empty_head_[kEmptyUncached]; }
   int32_t OldestEmptyCached() const { return empty_head_[kEmptyCached]; }
   uint64_t empty_since(int32_t segment) const { return seg_tick_[Seg(segment)]; }
+  // The next segment on the same empty-segment list, in age order; -1 at its end.
+  int32_t NextEmptySegment(int32_t segment) const { return seg_next_[Seg(segment)]; }
   int32_t num_empty_segments() const { return num_empty_; }
   // Owned blocks (free or held), free blocks with a prefix identity.
   int32_t num_owned() const { return num_owned_; }

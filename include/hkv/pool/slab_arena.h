@@ -42,6 +42,12 @@ struct ArenaClassUsage {
   int64_t stranded_pages = 0;  // free, uncached pages in slabs that have pages in use
 };
 
+// A block of one of the arena's pools.
+struct PoolBlock {
+  int32_t pool = 0;
+  int32_t block = 0;
+};
+
 struct ArenaUsage {
   int64_t num_slabs = 0;
   int64_t unassigned_slabs = 0;
@@ -57,7 +63,10 @@ class SlabArena {
   // eviction clock, owning nothing yet.
   Result<std::vector<BlockPool>> MakePools(bool record_events) const;
 
-  Status Reserve(std::span<BlockPool> pools, std::span<const int64_t> need);
+  // `keep` lists free blocks the caller is about to acquire (prefix hits): their slabs are not
+  // given away.
+  Status Reserve(std::span<BlockPool> pools, std::span<const int64_t> need,
+                 std::span<const PoolBlock> keep = {});
   // How many pages of class p could be reserved with no other class needing any.
   int64_t Available(std::span<const BlockPool> pools, size_t p) const;
 
@@ -73,17 +82,22 @@ class SlabArena {
 
  private:
   // Largest number of slabs pool q can give up and still allocate need_q pages.
-  int64_t Spare(const BlockPool& q, int32_t pages_per_slab, int64_t need_q) const;
+  int64_t Spare(std::span<const BlockPool> pools, size_t q, int64_t need_q) const;
+  Status ReserveKeeping(std::span<BlockPool> pools, std::span<const int64_t> need);
   // Gives `slab` (unassigned, or empty in pool `from`) to pool p.
   void Move(std::span<BlockPool> pools, int32_t slab, int32_t from, size_t p);
   // A slab some other pool can give p without dropping below its need: uncaching ones first,
-  // else the oldest-emptied cached one if it is older than `before` (no limit when 0). -1: none.
+  // else the oldest-emptied cached one if it is older than `before` (no limit when 0); never a
+  // kept one. -1: none.
   int32_t Donor(std::span<BlockPool> pools, std::span<const int64_t> need, size_t p,
                 uint64_t before, int32_t& from) const;
+  int32_t FirstUnkept(const BlockPool& pool, int32_t segment) const;
 
   std::vector<int32_t> pages_per_slab_;
   std::vector<int32_t> owner_;
   std::vector<int32_t> unassigned_;  // a stack; capacity num_slabs, so pushes never allocate
+  std::vector<uint8_t> kept_;        // per slab, during Reserve: holds a block in `keep`
+  std::vector<int64_t> kept_empty_;  // per class, during Reserve: empty slabs that are kept
 };
 
 }  // namespace hkv
