@@ -31,6 +31,14 @@ Result<ManagerConfig> ManagerConfig::FromPlan(const Plan& plan) {
   for (const PageClass& pc : plan.page_classes) {
     c.pool_blocks.push_back(static_cast<int32_t>(std::min<int64_t>(pc.num_pages, INT32_MAX)));
   }
+  if (plan.arena.enabled()) {
+    // Two-level: block ids of pool p are 1 + slab * pages_per_slab + page.
+    c.arena.num_slabs = plan.arena.num_slabs;
+    for (size_t p = 0; p < plan.page_classes.size(); ++p) {
+      c.arena.pages_per_slab.push_back(plan.page_classes[p].pages_per_slab);
+      c.pool_blocks[p] = static_cast<int32_t>(plan.page_classes[p].num_pages + 1);
+    }
+  }
   for (const KvGroup& g : plan.groups) {
     c.groups.push_back(GroupConfig{g.rule, g.block_tokens, g.page_class});
   }

@@ -49,7 +49,8 @@ int64_t UniformBytesPerToken(const ModelSpec& model) {
 
 Footprint ComputeFootprint(const ModelSpec& model, const std::vector<KvGroup>& groups,
                            const std::vector<PageClass>& classes, int64_t uniform_bytes_per_token,
-                           int32_t block_tokens, int64_t tokens, int64_t encoder_tokens) {
+                           int32_t block_tokens, int64_t tokens, int64_t encoder_tokens,
+                           int64_t slab_bytes) {
   tokens = std::max<int64_t>(tokens, 0);
   encoder_tokens = std::max<int64_t>(encoder_tokens, 0);
   Footprint f;
@@ -67,7 +68,10 @@ Footprint ComputeFootprint(const ModelSpec& model, const std::vector<KvGroup>& g
     f.pages_per_group[static_cast<size_t>(g.id)] = pages;
     // A page costs what it occupies in its buffer (more than the group's page in a per-layer
     // layout whose slots differ between the class's groups).
-    f.hybridkv_bytes += pages * classes[static_cast<size_t>(g.page_class)].page_bytes;
+    const PageClass& c = classes[static_cast<size_t>(g.page_class)];
+    f.hybridkv_bytes += slab_bytes > 0 && c.pages_per_slab > 0
+                            ? pages * slab_bytes / c.pages_per_slab
+                            : pages * c.page_bytes;
   }
 
   const int64_t slots = CeilDiv(tokens + encoder_tokens, block_tokens) * block_tokens;
@@ -93,13 +97,40 @@ int64_t Plan::num_pages() const {
 
 Footprint Plan::FootprintOf(int64_t tokens, int64_t encoder_tokens) const {
   return ComputeFootprint(model, groups, page_classes, uniform_bytes_per_token,
-                          options.block_tokens, tokens, encoder_tokens);
+                          options.block_tokens, tokens, encoder_tokens, arena.slab_bytes);
+}
+
+int64_t Plan::BlockOffset(const TensorView& v, int64_t block) const {
+  if (!arena.enabled()) return v.offset + block * v.block_stride;
+  const int64_t per = page_classes[static_cast<size_t>(v.page_class)].pages_per_slab;
+  return (block - 1) / per * arena.slab_bytes + (block - 1) % per * v.block_stride + v.offset;
 }
 
 int64_t Plan::MaxSequences(int64_t tokens, int64_t encoder_tokens) const {
   const std::vector<int64_t> need =
       ClassDemand(groups, page_classes.size(), std::max<int64_t>(tokens, 0),
                   std::max<int64_t>(encoder_tokens, 0));
+  if (arena.enabled()) {
+    // Slabs go to whichever class needs them: the most n with sum ceil(n * need / per) slabs.
+    const auto slabs = [&](int64_t n) {
+      int64_t total = 0;
+      for (size_t c = 0; c < need.size(); ++c)
+        total += CeilDiv(n * need[c], page_classes[c].pages_per_slab);
+      return total;
+    };
+    int64_t any = 0;
+    for (int64_t x : need)
+      any += x;
+    if (any == 0) return std::numeric_limits<int64_t>::max();
+    int64_t lo = 0, hi = 1;
+    while (slabs(hi) <= arena.num_slabs)
+      hi *= 2;
+    while (hi - lo > 1) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      (slabs(mid) <= arena.num_slabs ? lo : hi) = mid;
+    }
+    return lo;
+  }
   int64_t best = std::numeric_limits<int64_t>::max();  // a sequence needing no pages is unbounded
   for (size_t c = 0; c < need.size(); ++c) {
     if (need[c] > 0) best = std::min(best, page_classes[c].num_pages / need[c]);

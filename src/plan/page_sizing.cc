@@ -7,6 +7,7 @@
 #include "capacity.h"
 #include "grouping.h"
 #include "memory_layout.h"
+#include "slab_sizing.h"
 
 namespace hkv {
 namespace {
@@ -81,10 +82,16 @@ void Evaluate(const ModelSpec& model, const PlanOptions& o, int64_t uniform_byte
               Candidate& c) {
   AssignPageClasses(c.groups, c.classes);
   SetClassPageBytes(model, o.layout, c.groups, c.classes);
+  int64_t slab = 0;
+  if (c.summary.strategy == PageStrategy::kTwoLevel) {
+    slab = ChooseSlabBytes(c.classes, o.memory_bytes);
+    CarveClasses(slab, o.memory_bytes / slab, c.classes);
+  }
   const Footprint f = ComputeFootprint(model, c.groups, c.classes, uniform_bytes_per_token,
-                                       o.block_tokens, o.seq_tokens, o.encoder_tokens);
+                                       o.block_tokens, o.seq_tokens, o.encoder_tokens, slab);
   c.summary.feasible = true;
   c.summary.wasted_bytes = f.hybridkv_bytes - f.ideal_bytes;
+  c.summary.sequence_bytes = f.hybridkv_bytes;
   c.summary.num_groups = static_cast<int32_t>(c.groups.size());
   c.summary.num_classes = static_cast<int32_t>(c.classes.size());
 }
@@ -94,7 +101,7 @@ void Evaluate(const ModelSpec& model, const PlanOptions& o, int64_t uniform_byte
 std::vector<Candidate> PageCandidates(const ModelSpec& model,
                                       const std::vector<KvGroup>& rule_groups,
                                       const PlanOptions& options, int64_t uniform_bytes_per_token) {
-  std::vector<Candidate> out(2);
+  std::vector<Candidate> out(3);
   Candidate& single = out[0];
   single.summary.strategy = PageStrategy::kSingleClass;
   single.summary.why_not = SingleClassObstacle(model, rule_groups);
@@ -110,6 +117,19 @@ std::vector<Candidate> PageCandidates(const ModelSpec& model,
   multi.summary.strategy = PageStrategy::kMultiClass;
   multi.groups = rule_groups;
   Evaluate(model, options, uniform_bytes_per_token, multi);
+
+  Candidate& two = out[2];
+  two.summary.strategy = PageStrategy::kTwoLevel;
+  if (options.layout != TensorLayout::kCanonical) {
+    two.summary.why_not =
+        "the per-layer layout gives every layer slot its own region of a class buffer, which "
+        "slabs shared between classes cannot";
+  } else if (multi.classes.size() < 2) {
+    two.summary.why_not = "every group has the same page size, so there is nothing to share";
+  } else {
+    two.groups = rule_groups;
+    Evaluate(model, options, uniform_bytes_per_token, two);
+  }
   return out;
 }
 
@@ -131,9 +151,22 @@ Result<size_t> ChooseCandidate(const std::vector<Candidate>& candidates, PageStr
   size_t best = candidates.size();
   for (size_t i = 0; i < candidates.size(); ++i) {
     const PageCandidate& s = candidates[i].summary;
-    if (!s.feasible) continue;
+    if (!s.feasible || s.strategy == PageStrategy::kTwoLevel) continue;
     if (best == candidates.size() || s.wasted_bytes < candidates[best].summary.wasted_bytes)
       best = i;
+  }
+  // Where the fixed split of several classes wins, shared slabs serve the same classes for any
+  // mix of requests rather than only the planning point's: worth their slab tails up to 1% of a
+  // sequence.
+  const PageCandidate& won = candidates[best].summary;
+  if (won.strategy == PageStrategy::kMultiClass) {
+    for (size_t i = 0; i < candidates.size(); ++i) {
+      const PageCandidate& s = candidates[i].summary;
+      if (s.strategy == PageStrategy::kTwoLevel && s.feasible &&
+          100 * (s.wasted_bytes - won.wasted_bytes) <= won.sequence_bytes) {
+        return i;
+      }
+    }
   }
   return best;  // multi-class is always feasible
 }

@@ -8,6 +8,7 @@
 #include "page_sizing.h"
 #include "pool_sizing.h"
 #include "resolve_options.h"
+#include "slab_sizing.h"
 
 namespace hkv {
 
@@ -34,7 +35,11 @@ Result<Plan> MakePlan(const ModelSpec& model, const PlanOptions& options) {
   plan.groups = std::move(candidates[chosen].groups);
   plan.page_classes = std::move(candidates[chosen].classes);
 
-  HKV_RETURN_IF_ERROR(SizePools(plan.options, plan.groups, plan.page_classes, plan.warnings));
+  if (plan.strategy == PageStrategy::kTwoLevel) {
+    HKV_RETURN_IF_ERROR(SizeArena(plan.options, plan.groups, plan.page_classes, plan.arena));
+  } else {
+    HKV_RETURN_IF_ERROR(SizePools(plan.options, plan.groups, plan.page_classes, plan.warnings));
+  }
   plan.layout = BuildLayout(model, plan.options.layout, plan.groups, plan.page_classes);
   plan.model = model;
   return plan;

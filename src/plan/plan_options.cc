@@ -22,6 +22,8 @@ std::string_view PageStrategyName(PageStrategy strategy) {
       return "single_class";
     case PageStrategy::kMultiClass:
       return "multi_class";
+    case PageStrategy::kTwoLevel:
+      return "two_level";
   }
   return "?";
 }
@@ -36,8 +38,9 @@ Result<PageStrategy> ParsePageStrategy(std::string_view text) {
   if (text == "auto") return PageStrategy::kAuto;
   if (text == "single" || text == "single_class") return PageStrategy::kSingleClass;
   if (text == "multi" || text == "multi_class") return PageStrategy::kMultiClass;
+  if (text == "two" || text == "two_level") return PageStrategy::kTwoLevel;
   return Status::InvalidArgument(
-      fmt::format("strategy '{}': expected auto, single or multi", text));
+      fmt::format("strategy '{}': expected auto, single, multi or two_level", text));
 }
 
 }  // namespace hkv

@@ -4,16 +4,10 @@
 
 #include <fmt/format.h>
 
+#include <hkv/common/byte_size.h>
 #include <hkv/pool/slab_arena.h>
 
 namespace hkv {
-namespace {
-
-int64_t CeilDiv(int64_t a, int64_t b) {
-  return (a + b - 1) / b;
-}
-
-}  // namespace
 
 Result<SlabArena> SlabArena::Create(int64_t num_slabs, std::span<const int32_t> pages_per_slab) {
   if (num_slabs < 1 || num_slabs > INT32_MAX) {

@@ -48,6 +48,8 @@ std::optional<ManagerConfig> FromModel(const std::string& dir, int32_t max_span 
   }
   PlanOptions options;
   options.max_model_len = 2048;
+  // Fixed pools, which SizePools resizes; the shapes marked two_level share slabs (TwoLevel).
+  options.strategy = PageStrategy::kMultiClass;
   Result<Plan> plan = MakePlan(*spec, options);
   if (!plan.ok()) {
     ADD_FAILURE() << dir << ": " << plan.status().ToString();

@@ -50,7 +50,9 @@ TEST(FootprintTest, EncoderTokensTakeASlotInEveryLayerUnderUniform) {
 }
 
 TEST(FootprintTest, RecurrentLayersCountAsFullAttentionUnderUniform) {
-  const Plan plan = MustPlan(MambaHybrid(), Options());
+  PlanOptions o = Options();
+  o.strategy = PageStrategy::kMultiClass;  // pages at their own size, no slab tails
+  const Plan plan = MustPlan(MambaHybrid(), o);
   EXPECT_EQ(plan.uniform_bytes_per_token, 8 * kLayerTokenBytes);
   const Footprint f = plan.PlanningFootprint();
   EXPECT_EQ(f.ideal_bytes, 2 * 32 * 128 + 6 * kMambaStateBytes);
@@ -63,7 +65,9 @@ TEST(FootprintTest, RecurrentLayersCountAsFullAttentionUnderUniform) {
 }
 
 TEST(FootprintTest, ParallelHybridCountsBothMixersOfALayer) {
-  const Plan plan = MustPlan(FalconH1Like(), Options());
+  PlanOptions o = Options();
+  o.strategy = PageStrategy::kMultiClass;
+  const Plan plan = MustPlan(FalconH1Like(), o);
   EXPECT_EQ(plan.uniform_bytes_per_token, 6 * kLayerTokenBytes);
   const Footprint f = plan.PlanningFootprint();
   EXPECT_EQ(f.ideal_bytes, 3 * 32 * 128 + 3 * kMambaStateBytes);
@@ -108,8 +112,19 @@ TEST(FootprintTest, MaxSequencesAgainstUniform) {
   EXPECT_EQ(plan.MaxSequences(0, 0), std::numeric_limits<int64_t>::max());
 }
 
+TEST(FootprintTest, TwoLevelChargesEachPageItsShareOfASlab) {
+  // Slab 37920 bytes = 5 states (no tail) or 37 pages of 1024 (32 bytes of tail): a page costs
+  // 37920 / 37 bytes, so 8 pages cost 8198 bytes instead of 8192.
+  const Plan plan = MustPlan(MambaHybrid(), Options());
+  const Footprint f = plan.PlanningFootprint();
+  EXPECT_EQ(f.hybridkv_bytes, 6 * kMambaStateBytes + 8 * 37920 / 37);
+  EXPECT_LE(f.hybridkv_bytes, f.ideal_bytes + f.ideal_bytes / 100);
+}
+
 TEST(FootprintTest, MultiClassCapacityIsTheScarcestClass) {
-  const Plan plan = MustPlan(Gemma3Like(), Options());  // 97 sliding pages, 390 full pages
+  PlanOptions o = Options();
+  o.strategy = PageStrategy::kMultiClass;
+  const Plan plan = MustPlan(Gemma3Like(), o);  // 97 sliding pages, 390 full pages
   EXPECT_EQ(plan.MaxSequences(128, 0), 48);
   EXPECT_EQ(plan.MaxSequences(32, 0), 97 / 2);  // 2 pages of each class
   EXPECT_EQ(plan.MaxSequences(16, 0), 97);      // 1 page of each class

@@ -20,7 +20,8 @@ const PageCandidate& CandidateOf(const Plan& plan, PageStrategy s) {
 
 TEST(PageStrategyTest, EqualGroupsTieAndTheSingleClassWins) {
   const Plan plan = MustPlan(Gemma2Like(), Options());
-  ASSERT_EQ(plan.candidates.size(), 2u);
+  ASSERT_EQ(plan.candidates.size(), 3u);
+  EXPECT_FALSE(CandidateOf(plan, PageStrategy::kTwoLevel).feasible);  // one page size
   const PageCandidate& single = CandidateOf(plan, PageStrategy::kSingleClass);
   const PageCandidate& multi = CandidateOf(plan, PageStrategy::kMultiClass);
   EXPECT_TRUE(single.feasible);
@@ -35,7 +36,7 @@ TEST(PageStrategyTest, EqualGroupsTieAndTheSingleClassWins) {
   EXPECT_THAT(plan.page_classes[0].groups, ElementsAre(0, 1));
 }
 
-TEST(PageStrategyTest, FiveToOnePaddingLosesToMultiClass) {
+TEST(PageStrategyTest, FiveToOnePaddingLosesToTwoLevel) {
   // 13 sliding + 2 full layers at T = 128: single class cuts the sliding group into 7 pairs, the
   // last padded by one layer that wastes 2 blocks of 512 bytes.
   const Plan plan = MustPlan(Gemma3Like(), Options());
@@ -43,7 +44,11 @@ TEST(PageStrategyTest, FiveToOnePaddingLosesToMultiClass) {
   EXPECT_EQ(CandidateOf(plan, PageStrategy::kSingleClass).num_groups, 8);
   EXPECT_EQ(CandidateOf(plan, PageStrategy::kMultiClass).wasted_bytes, 0);
   EXPECT_EQ(CandidateOf(plan, PageStrategy::kMultiClass).num_classes, 2);
-  EXPECT_EQ(plan.strategy, PageStrategy::kMultiClass);
+  // Pages of 6656 and 1024 bytes: two of the larger make a 13312-byte slab with no tail, so
+  // sharing slabs costs nothing here and auto takes it.
+  EXPECT_EQ(CandidateOf(plan, PageStrategy::kTwoLevel).wasted_bytes, 0);
+  EXPECT_EQ(plan.strategy, PageStrategy::kTwoLevel);
+  EXPECT_EQ(plan.arena.slab_bytes, 13312);
   ASSERT_EQ(plan.page_classes.size(), 2u);
   EXPECT_EQ(plan.page_classes[0].page_bytes, 13 * kLayerBlockBytes);
   EXPECT_EQ(plan.page_classes[1].page_bytes, 2 * kLayerBlockBytes);
@@ -79,10 +84,11 @@ TEST(PageStrategyTest, ForcedSingleClassSplitsIntoConsecutiveRunsAndPadsTheLast)
 
 TEST(PageStrategyTest, RecurrentStateRulesOutTheSingleClass) {
   const Plan plan = MustPlan(MambaHybrid(), Options());
+  EXPECT_TRUE(CandidateOf(plan, PageStrategy::kTwoLevel).feasible);
   const PageCandidate& single = CandidateOf(plan, PageStrategy::kSingleClass);
   EXPECT_FALSE(single.feasible);
   EXPECT_THAT(single.why_not, HasSubstr("recurrent state"));
-  EXPECT_EQ(plan.strategy, PageStrategy::kMultiClass);
+  EXPECT_EQ(plan.strategy, PageStrategy::kTwoLevel);
   ASSERT_EQ(plan.page_classes.size(), 2u);
   EXPECT_EQ(plan.page_classes[0].page_bytes, 6 * kMambaStateBytes);
   EXPECT_EQ(plan.page_classes[1].page_bytes, 2 * kLayerBlockBytes);
@@ -102,7 +108,7 @@ TEST(PageStrategyTest, UnequalBytesPerTokenRulesOutTheSingleClass) {
   EXPECT_FALSE(CandidateOf(plan, PageStrategy::kSingleClass).feasible);
   EXPECT_THAT(CandidateOf(plan, PageStrategy::kSingleClass).why_not,
               HasSubstr("different KV bytes per token (model layer 0: 32, model layer 1: 64)"));
-  EXPECT_EQ(plan.strategy, PageStrategy::kMultiClass);
+  EXPECT_EQ(plan.strategy, PageStrategy::kTwoLevel);
 }
 
 TEST(PageStrategyTest, CrossAttentionTieAtTheRfcPointKeepsOneClass) {
@@ -123,7 +129,21 @@ TEST(PageStrategyTest, ExplicitMultiClassIsHonouredEvenOnATie) {
   EXPECT_EQ(plan.strategy, PageStrategy::kMultiClass);
   ASSERT_EQ(plan.groups.size(), 2u);
   EXPECT_EQ(plan.page_classes.size(), 2u);
-  EXPECT_EQ(plan.candidates.size(), 2u);
+  EXPECT_EQ(plan.candidates.size(), 3u);
+}
+
+TEST(PageStrategyTest, TwoLevelNeedsTheCanonicalLayoutAndIsNotTakenWhenItsTailsCostMore) {
+  PlanOptions o = Options();
+  o.layout = TensorLayout::kPerLayer;
+  const Plan per_layer = MustPlan(MambaHybrid(), o);
+  EXPECT_FALSE(CandidateOf(per_layer, PageStrategy::kTwoLevel).feasible);
+  EXPECT_THAT(CandidateOf(per_layer, PageStrategy::kTwoLevel).why_not, HasSubstr("per-layer"));
+  EXPECT_EQ(per_layer.strategy, PageStrategy::kMultiClass);
+  o.strategy = PageStrategy::kTwoLevel;
+  EXPECT_EQ(MakePlan(MambaHybrid(), o).status().code(), StatusCode::kInvalidArgument);
+  // The explicit strategy is parsed by its name.
+  EXPECT_EQ(ParsePageStrategy("two_level").value(), PageStrategy::kTwoLevel);
+  EXPECT_EQ(PageStrategyName(PageStrategy::kTwoLevel), "two_level");
 }
 
 }  // namespace

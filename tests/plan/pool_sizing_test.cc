@@ -28,7 +28,9 @@ TEST(PoolSizingTest, MultiClassSplitsByOneSequencesDemand) {
   // Per 128-token sequence: 2 pages of 6656 bytes (sliding) + 8 of 1024 (full) = 21504 bytes.
   // 1 MiB buys 48 sequences and leaves 16384 bytes: 16384 * 2 / 21504 -> 1 more sliding page,
   // 16384 * 8 / 21504 -> 6 more full pages.
-  const Plan plan = MustPlan(Gemma3Like(), Options());
+  PlanOptions o = Options();
+  o.strategy = PageStrategy::kMultiClass;
+  const Plan plan = MustPlan(Gemma3Like(), o);
   ASSERT_EQ(plan.page_classes.size(), 2u);
   EXPECT_EQ(plan.page_classes[0].num_pages, 97);
   EXPECT_EQ(plan.page_classes[1].num_pages, 390);
@@ -40,10 +42,53 @@ TEST(PoolSizingTest, MultiClassSplitsByOneSequencesDemand) {
 TEST(PoolSizingTest, StatePagesAreSizedNextToAttentionPages) {
   // Per sequence: 1 state page of 7584 bytes + 8 attention pages of 1024 = 15776 bytes.
   // 1 MiB buys 66 and leaves 7360: 0 more state pages, 7360 * 8 / 15776 -> 3 attention pages.
-  const Plan plan = MustPlan(MambaHybrid(), Options());
+  PlanOptions o = Options();
+  o.strategy = PageStrategy::kMultiClass;
+  const Plan plan = MustPlan(MambaHybrid(), o);
   EXPECT_EQ(plan.page_classes[0].num_pages, 66);
   EXPECT_EQ(plan.page_classes[1].num_pages, 531);
   EXPECT_EQ(plan.MaxSequences(128, 0), 66);
+}
+
+TEST(PoolSizingTest, TwoLevelCarvesEveryClassFromOneSetOfSlabs) {
+  // State pages of 7584 bytes, attention pages of 1024. k * 7584 for k = 1..4 leaves a tail of
+  // 416, 832, 224, 640 bytes (> 0.5%); k = 5 leaves 32 of 37920 (0.08%): 5 states or 37 pages.
+  // 1 MiB buys 27 slabs.
+  const Plan plan = MustPlan(MambaHybrid(), Options());
+  ASSERT_EQ(plan.strategy, PageStrategy::kTwoLevel);
+  EXPECT_EQ(plan.arena.slab_bytes, 37920);
+  EXPECT_EQ(plan.arena.num_slabs, 27);
+  EXPECT_EQ(plan.page_classes[0].pages_per_slab, 5);
+  EXPECT_EQ(plan.page_classes[1].pages_per_slab, 37);
+  EXPECT_EQ(plan.page_classes[0].num_pages, 27 * 5);
+  EXPECT_EQ(plan.page_classes[1].num_pages, 27 * 37);
+  // 128 tokens: 1 state + 8 pages. n sequences need ceil(n / 5) + ceil(8n / 37) slabs: 64 fit
+  // (13 + 14 = 27). At 16 tokens (1 + 1 page) the fixed split would stop at its state pages;
+  // here ceil(n / 5) + ceil(n / 37) <= 27 gives 115 (23 + 4 slabs).
+  EXPECT_EQ(plan.MaxSequences(128, 0), 64);
+  EXPECT_EQ(plan.MaxSequences(16, 0), 115);
+  // Block b >= 1 of a class sits at slab (b - 1) / per, page (b - 1) % per of the one buffer.
+  for (const TensorView& v : plan.layout.tensors) {
+    const int64_t per = plan.page_classes[static_cast<size_t>(v.page_class)].pages_per_slab;
+    const int64_t page = plan.page_classes[static_cast<size_t>(v.page_class)].page_bytes;
+    EXPECT_EQ(plan.BlockOffset(v, 1), v.offset);
+    EXPECT_EQ(plan.BlockOffset(v, per), (per - 1) * page + v.offset);
+    EXPECT_EQ(plan.BlockOffset(v, per + 1), 37920 + v.offset);
+    EXPECT_LE(plan.BlockOffset(v, 27 * per) + v.bytes, plan.arena.buffer_bytes());
+  }
+  EXPECT_LE(plan.arena.buffer_bytes(), kMiB);
+}
+
+TEST(PoolSizingTest, TwoLevelRefusesABudgetBelowOneSequencesSlabs) {
+  // 20000 bytes buy fewer than 16 slabs, so the slab is one state page (7584 bytes, 7 attention
+  // pages): 2 slabs, while one 128-token sequence needs 1 + ceil(8 / 7) = 3. (Auto would not
+  // take two-level here: its 416-byte tails cost 3% of a sequence.)
+  PlanOptions o = Options(20000);
+  o.strategy = PageStrategy::kTwoLevel;
+  const Result<Plan> r = MakePlan(MambaHybrid(), o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_THAT(r.status().message(), HasSubstr("slab"));
 }
 
 TEST(PoolSizingTest, ABudgetOfExactlyOneSequenceIsEnough) {

@@ -7,10 +7,12 @@
 // - A group's page is one block of every layer in it (block_tokens tokens each; for the state
 //   group one state), so page_bytes = block_tokens * sum of kv_bytes_per_token (+ padding layers),
 //   or the sum of state bytes.
-// - Groups with equal page_bytes share a page class; each class is one buffer of num_pages pages.
-//   With the single-class strategy groups are split into subgroups of equal layer count and
-//   padded, RFC milestone 1; with multi-class every distinct page size is its own class and the
-//   budget is split between classes in proportion to one planning-point sequence's demand.
+// - Groups with equal page_bytes share a page class. With the single-class strategy groups are
+//   split into subgroups of equal layer count and padded, RFC milestone 1, and the class is one
+//   buffer; with multi-class every distinct page size is its own class and buffer, the budget
+//   split between them in proportion to one planning-point sequence's demand; with two-level
+//   (RFC milestone 2) the classes share one buffer of `arena.num_slabs` slabs, each carved into
+//   pages of whichever class needs memory (the manager's SlabArena), so no split is fixed.
 // - Capacity figures are exact functions of the plan: see Footprint() and MaxSequences().
 // MakePlan never returns a plan that cannot hold one sequence at the planning point.
 #pragma once
@@ -41,14 +43,27 @@ struct KvGroup {
 struct PageClass {
   int32_t id = 0;
   int64_t page_bytes = 0;       // bytes one page occupies in this class's buffer
-  int64_t num_pages = 0;        // pages in the buffer
+  int64_t num_pages = 0;        // pages in the buffer (two-level: if it had every slab)
+  int32_t pages_per_slab = 0;   // two-level: pages one slab holds; 0 otherwise
   std::vector<int32_t> groups;  // groups drawing pages from this class
 
   int64_t buffer_bytes() const { return page_bytes * num_pages; }
 };
 
+// Two-level memory: one buffer of num_slabs slabs of slab_bytes. The slab size is the largest
+// page times the smallest k <= 64 whose slab leaves every class at most 0.5% unused tail (else
+// the k with the least), as long as the budget still has 16 slabs.
+struct ArenaPlan {
+  int64_t slab_bytes = 0;
+  int64_t num_slabs = 0;
+
+  bool enabled() const { return num_slabs > 0; }
+  int64_t buffer_bytes() const { return slab_bytes * num_slabs; }
+};
+
 // One tensor of one layer inside a class buffer. The bytes of block b are
-// [offset + b * block_stride, offset + b * block_stride + bytes).
+// [offset + b * block_stride, offset + b * block_stride + bytes); with two-level memory the one
+// shared buffer holds them at Plan::BlockOffset (offset is then within the page).
 struct TensorView {
   int32_t layer = 0;  // index into ModelSpec::layers
   std::string name;   // "k", "v", "latent", "conv", "ssm"
@@ -81,8 +96,9 @@ struct Footprint {
 struct PageCandidate {
   PageStrategy strategy = PageStrategy::kAuto;
   bool feasible = false;
-  std::string why_not;       // when infeasible
-  int64_t wasted_bytes = 0;  // hybridkv_bytes - ideal_bytes for one planning-point sequence
+  std::string why_not;         // when infeasible
+  int64_t wasted_bytes = 0;    // hybridkv_bytes - ideal_bytes for one planning-point sequence
+  int64_t sequence_bytes = 0;  // hybridkv_bytes of that sequence
   int32_t num_groups = 0;
   int32_t num_classes = 0;
 };
@@ -94,11 +110,14 @@ struct Plan {
   std::vector<PageCandidate> candidates;
   std::vector<KvGroup> groups;
   std::vector<PageClass> page_classes;
+  ArenaPlan arena;  // two-level strategy only
   MemoryLayout layout;
   int64_t uniform_bytes_per_token = 0;  // every cache-owning layer treated as full attention
   std::vector<std::string> warnings;
 
   int64_t num_pages() const;  // over all classes
+  // Byte offset of block `block` (>= 1 with two-level memory) of tensor view `v` in its buffer.
+  int64_t BlockOffset(const TensorView& v, int64_t block) const;
   Footprint FootprintOf(int64_t tokens, int64_t encoder_tokens) const;
   Footprint PlanningFootprint() const {
     return FootprintOf(options.seq_tokens, options.encoder_tokens);

@@ -23,11 +23,12 @@ enum class TensorLayout : unsigned char {
 enum class PageStrategy : unsigned char {
   kAuto,         // the candidate with the fewest wasted bytes at the planning point
   kSingleClass,  // one page size: groups split/padded to equal layer counts (RFC milestone 1)
-  kMultiClass,   // one page class per distinct group page size (RFC milestone 2)
+  kMultiClass,   // one page class per distinct group page size, each its own fixed buffer
+  kTwoLevel,     // one page class per distinct page size, all carved from shared slabs on demand
 };
 
 // Names as the CLI and JSON spell them: "canonical"/"per-layer", "auto"/"single_class"/
-// "multi_class". Parsing also accepts the short forms "single" and "multi".
+// "multi_class"/"two_level". Parsing also accepts the short forms "single", "multi", "two".
 std::string_view TensorLayoutName(TensorLayout layout);
 std::string_view PageStrategyName(PageStrategy strategy);
 Result<TensorLayout> ParseTensorLayout(std::string_view text);
