@@ -32,7 +32,18 @@ PagedKvCache::Buffer PagedKvCache::AllocateBuffer(int64_t bytes) {
 
 Result<PagedKvCache> PagedKvCache::Create(const Plan& plan) {
   PagedKvCache c(plan);
+  if (plan.arena.enabled()) {
+    // Two-level: every class lives in the one buffer of slabs; a slab's bytes belong to whichever
+    // class the manager gave it to, so a slab given to two classes at once would corrupt KV.
+    if (plan.arena.buffer_bytes() > (int64_t{1} << 32)) {
+      return Status::ResourceExhausted(fmt::format(
+          "paged cache: the slabs need {} bytes; plan the tiny model with a smaller budget",
+          plan.arena.buffer_bytes()));
+    }
+    c.buffers_.push_back(AllocateBuffer(plan.arena.buffer_bytes()));
+  }
   for (const PageClass& pc : plan.page_classes) {
+    if (plan.arena.enabled()) break;
     const int64_t bytes = pc.num_pages * pc.page_bytes;
     if (bytes > (int64_t{1} << 32)) {
       return Status::ResourceExhausted(fmt::format(
@@ -73,9 +84,13 @@ Result<PagedKvCache> PagedKvCache::Create(const Plan& plan) {
     const auto place = [&](int32_t t, unsigned char*& base, int64_t& stride, int64_t& row) {
       if (t < 0) return;
       const TensorView& v = plan.layout.tensors[static_cast<size_t>(t)];
-      base = c.buffers_[static_cast<size_t>(v.page_class)].data() + v.offset;
+      base = c.BufferOf(v.page_class) + v.offset;
       stride = v.block_stride;
       row = v.bytes / group.block_tokens;
+      if (plan.arena.enabled()) {
+        a.pages_per_slab = plan.page_classes[static_cast<size_t>(v.page_class)].pages_per_slab;
+        a.slab_bytes = plan.arena.slab_bytes;
+      }
     };
     place(lt.k, a.k_base, a.k_stride, a.k_row);
     place(lt.v, a.v_base, a.v_stride, a.v_row);
@@ -90,9 +105,7 @@ void PagedKvCache::ApplyCopies(std::span<const BlockCopy> copies) {
       for (int32_t t : {tensors_[static_cast<size_t>(l)].k, tensors_[static_cast<size_t>(l)].v}) {
         if (t < 0) continue;
         const TensorView& v = plan_.layout.tensors[static_cast<size_t>(t)];
-        unsigned char* base = buffers_[static_cast<size_t>(v.page_class)].data() + v.offset;
-        std::memmove(base + c.dst * v.block_stride, base + c.src * v.block_stride,
-                     static_cast<size_t>(v.bytes));
+        std::memmove(BlockOf(t, c.dst), BlockOf(t, c.src), static_cast<size_t>(v.bytes));
       }
     }
   }
@@ -102,7 +115,9 @@ Status PagedKvCache::PoisonFreeBlocks(const KvCacheManager& manager) {
   poisoned_.resize(plan_.page_classes.size());
   for (size_t pc = 0; pc < plan_.page_classes.size(); ++pc) {
     std::vector<char>& was = poisoned_[pc];
-    was.resize(static_cast<size_t>(plan_.page_classes[pc].num_pages), 0);
+    // Two-level block ids run 1..num_pages (no page holds the null block).
+    const int64_t ids = plan_.page_classes[pc].num_pages + (plan_.arena.enabled() ? 1 : 0);
+    was.resize(static_cast<size_t>(ids), 0);
     scratch_blocks_.clear();
     HKV_RETURN_IF_ERROR(manager.UncachedFreeBlocks(static_cast<int32_t>(pc), scratch_blocks_));
     scratch_flags_.assign(was.size(), 0);
@@ -158,7 +173,7 @@ Result<std::unique_ptr<PagedKvCache::StepView>> PagedKvCache::View(const KvCache
 
 unsigned char* PagedKvCache::BlockOf(int32_t tensor, int32_t block) {
   const TensorView& v = plan_.layout.tensors[static_cast<size_t>(tensor)];
-  return buffers_[static_cast<size_t>(v.page_class)].data() + v.offset + block * v.block_stride;
+  return BufferOf(v.page_class) + plan_.BlockOffset(v, block);
 }
 
 // Copies one layer's state tensors between state blocks; block 0 (null) is the zero state.
@@ -235,10 +250,11 @@ KvRows PagedKvCache::StepView::Rows(int32_t layer, int64_t pos) {
       return Fail(layer, pos, "the block table holds the null block");
     }
   }
-  float* k = reinterpret_cast<float*>(a.k_base + block * a.k_stride + offset * a.k_row);
-  float* v = a.v_base == nullptr
-                 ? nullptr
-                 : reinterpret_cast<float*>(a.v_base + block * a.v_stride + offset * a.v_row);
+  float* k = reinterpret_cast<float*>(a.Block(a.k_base, a.k_stride, block) + offset * a.k_row);
+  float* v =
+      a.v_base == nullptr
+          ? nullptr
+          : reinterpret_cast<float*>(a.Block(a.v_base, a.v_stride, block) + offset * a.v_row);
   return {k, v, n};
 }
 

@@ -52,7 +52,28 @@ Result<VerifyReport> RunVerify(const ModelSpec& real, const VerifyOptions& o) {
       if (states && tokens) po.memory_bytes += 3 * 6 * pc.page_bytes;
     }
   }
+  {
+    // Wherever classes of different page sizes exist, run them from shared slabs: the budget
+    // here is a few sequences, where auto would keep a fixed split to save slab tails, and the
+    // point is to prove memory moving between classes exact.
+    HKV_ASSIGN_OR_RETURN(const Plan probe, MakePlan(spec, po));
+    for (const PageCandidate& c : probe.candidates) {
+      if (c.strategy == PageStrategy::kTwoLevel && c.feasible) po.strategy = c.strategy;
+    }
+  }
   HKV_ASSIGN_OR_RETURN(Plan plan, MakePlan(spec, po));
+  if (plan.arena.enabled()) {
+    // Shared slabs: a request here holds up to ~8 states (live, write, rolling, draft snapshots,
+    // checkpoints) where the planning point counts one; the budget gets room for them, which
+    // tokens use whenever states do not.
+    for (const PageClass& pc : plan.page_classes) {
+      for (int32_t g : pc.groups) {
+        if (plan.groups[static_cast<size_t>(g)].is_state())
+          po.memory_bytes += 3 * 8 * pc.page_bytes;
+      }
+    }
+    HKV_ASSIGN_OR_RETURN(plan, MakePlan(spec, po));
+  }
   // The plan splits memory between page classes in proportion to one sequence's needs: one
   // state per sequence. A request here holds up to ~6 (live, write, rolling, draft snapshots,
   // checkpoints), so a class holding only states gets at least 8 per sequence of the budget.
@@ -70,7 +91,8 @@ Result<VerifyReport> RunVerify(const ModelSpec& real, const VerifyOptions& o) {
             canonical && v.block_stride == pc.page_bytes && v.offset + v.bytes <= pc.page_bytes;
       }
     }
-    if (states_only && canonical) pc.num_pages = std::max<int64_t>(pc.num_pages, 24);
+    if (states_only && canonical && !plan.arena.enabled())
+      pc.num_pages = std::max<int64_t>(pc.num_pages, 24);
   }
   HKV_ASSIGN_OR_RETURN(ManagerConfig config, ManagerConfig::FromPlan(plan));
   config.checkpoint_interval = 2 * config.align_tokens();
@@ -145,6 +167,7 @@ Result<VerifyReport> RunVerify(const ModelSpec& real, const VerifyOptions& o) {
   }
   report.requests = static_cast<int64_t>(engine->finished().size());
   report.features = engine->counters();
+  report.slabs_reclaimed = engine->manager().Arena().slabs_reclaimed;
   HKV_RETURN_IF_ERROR(engine->manager().CheckInvariants());
   return report;
 }

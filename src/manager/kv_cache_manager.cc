@@ -533,6 +533,11 @@ std::vector<ManagerEvent> KvCacheManager::TakeEvents() {
   return out;
 }
 
+ArenaUsage KvCacheManager::Arena() const {
+  if (impl_->arena.num_slabs() == 0) return {};
+  return impl_->arena.Usage(impl_->pools);
+}
+
 std::vector<int32_t> KvCacheManager::FreeListOrder(int32_t pool) const {
   if (pool < 0 || static_cast<size_t>(pool) >= impl_->pools.size()) return {};
   return impl_->pools[static_cast<size_t>(pool)].FreeListOrder();

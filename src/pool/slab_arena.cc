@@ -58,8 +58,10 @@ void SlabArena::Move(std::span<BlockPool> pools, int32_t slab, int32_t from, siz
   if (from >= 0) {
     Status s = pools[static_cast<size_t>(from)].RemoveSegment(slab);
     if (!s.ok()) std::abort();  // Donor chose an empty segment; failing here is a bug
+    ++reclaimed_;
   } else {
     unassigned_.pop_back();
+    ++carved_;
   }
   if (!pools[p].AddSegment(slab).ok()) std::abort();
   owner_[static_cast<size_t>(slab)] = static_cast<int32_t>(p);
@@ -193,6 +195,8 @@ ArenaUsage SlabArena::Usage(std::span<const BlockPool> pools) const {
   ArenaUsage u;
   u.num_slabs = num_slabs();
   u.unassigned_slabs = num_unassigned();
+  u.slabs_carved = carved_;
+  u.slabs_reclaimed = reclaimed_;
   u.classes.resize(pools.size());
   for (size_t p = 0; p < pools.size(); ++p) {
     const BlockPool& bp = pools[p];

@@ -87,14 +87,18 @@ class PagedKvCache {
     unsigned char* data() const { return bytes.get(); }
   };
   static Buffer AllocateBuffer(int64_t bytes);
-  std::vector<Buffer> buffers_;              // per page class
+  std::vector<Buffer> buffers_;  // per page class, or one shared by all (two-level)
+  unsigned char* BufferOf(int32_t page_class) {
+    return buffers_[plan_.arena.enabled() ? 0 : static_cast<size_t>(page_class)].data();
+  }
   std::vector<std::vector<char>> poisoned_;  // per page class, per block
   std::vector<int32_t> scratch_blocks_;
   std::vector<char> scratch_flags_;
   std::vector<int32_t> group_of_layer_;  // per LayerSpec; -1: owns no cache
   std::vector<LayerTensors> tensors_;    // per LayerSpec
   // How Rows finds a cache-owning layer's rows, resolved once from the plan: row `o` of block b
-  // is at base + b * block_stride + o * row_bytes.
+  // is at base + b * block_stride + o * row_bytes, or with two-level memory at
+  // base + slab(b) * slab_bytes + page(b) * block_stride + o * row_bytes.
   struct RowAddress {
     int32_t group = -1;
     bool encoder = false;
@@ -102,6 +106,13 @@ class PagedKvCache {
     unsigned char* k_base = nullptr;
     unsigned char* v_base = nullptr;  // null for MLA
     int64_t k_stride = 0, v_stride = 0, k_row = 0, v_row = 0;
+    int64_t pages_per_slab = 0, slab_bytes = 0;  // two-level only
+
+    unsigned char* Block(unsigned char* base, int64_t stride, int64_t block) const {
+      if (pages_per_slab == 0) return base + block * stride;
+      return base + (block - 1) / pages_per_slab * slab_bytes +
+             (block - 1) % pages_per_slab * stride;
+    }
   };
   std::vector<RowAddress> address_;  // per LayerSpec
 };

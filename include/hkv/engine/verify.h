@@ -36,7 +36,8 @@ struct VerifyReport {
   int64_t mismatches = 0;
   float max_logit_diff = 0.0f;
   EngineCounters features;
-  bool completed = false;  // every request finished within max_steps
+  int64_t slabs_reclaimed = 0;  // two-level plans: slabs that moved from one class to another
+  bool completed = false;       // every request finished within max_steps
 };
 
 Result<VerifyReport> RunVerify(const ModelSpec& real, const VerifyOptions& options);

@@ -29,6 +29,7 @@
 #include <hkv/common/result.h>
 #include <hkv/manager/manager_config.h>
 #include <hkv/manager/request.h>
+#include <hkv/pool/slab_arena.h>
 
 namespace hkv {
 
@@ -119,6 +120,9 @@ class KvCacheManager {
 
   const ManagerConfig& config() const;
   PoolUsage Usage(int32_t pool) const;
+  // Two-level memory (config().arena): slabs per class, stranded pages, slabs moved so far.
+  // num_slabs is 0 without it.
+  ArenaUsage Arena() const;
   const ManagerStats& stats() const;
   std::vector<ManagerEvent> TakeEvents();
   // Free blocks of one pool in eviction order (tests and tools).

@@ -51,6 +51,8 @@ struct PoolBlock {
 struct ArenaUsage {
   int64_t num_slabs = 0;
   int64_t unassigned_slabs = 0;
+  int64_t slabs_carved = 0;     // slabs given to a class from the unassigned ones, ever
+  int64_t slabs_reclaimed = 0;  // slabs moved from one class to another, ever
   std::vector<ArenaClassUsage> classes;
 };
 
@@ -94,6 +96,7 @@ class SlabArena {
   int32_t FirstUnkept(const BlockPool& pool, int32_t segment) const;
 
   std::vector<int32_t> pages_per_slab_;
+  int64_t carved_ = 0, reclaimed_ = 0;
   std::vector<int32_t> owner_;
   std::vector<int32_t> unassigned_;  // a stack; capacity num_slabs, so pushes never allocate
   std::vector<uint8_t> kept_;        // per slab, during Reserve: holds a block in `keep`
