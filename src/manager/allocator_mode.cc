@@ -4,8 +4,8 @@
 #include <fmt/format.h>
 
 #include <hkv/common/byte_size.h>
+#include <hkv/manager/allocator_mode.h>
 #include <hkv/plan/plan.h>
-#include <hkv/sim/allocator_mode.h>
 
 namespace hkv {
 namespace {

@@ -4,7 +4,7 @@
 
 #include <gtest/gtest.h>
 
-#include <hkv/sim/allocator_mode.h>
+#include <hkv/manager/allocator_mode.h>
 #include <hkv/spec/config_loader.h>
 
 namespace hkv {
