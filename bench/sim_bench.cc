@@ -12,7 +12,7 @@
 
 #include <benchmark/benchmark.h>
 
-#include <hkv/sim/allocator_mode.h>
+#include <hkv/manager/allocator_mode.h>
 #include <hkv/sim/replayer.h>
 #include <hkv/spec/config_loader.h>
 

@@ -47,6 +47,16 @@ int64_t UniformBytesPerToken(const ModelSpec& model) {
   return total + recurrent * first_kv;
 }
 
+int64_t IdealBytes(const ModelSpec& model, int64_t tokens, int64_t encoder_tokens) {
+  tokens = std::max<int64_t>(tokens, 0);
+  encoder_tokens = std::max<int64_t>(encoder_tokens, 0);
+  int64_t ideal = model.state_bytes_per_sequence();
+  for (const LayerSpec& l : model.layers) {
+    ideal += l.kv_bytes_per_token() * TokenRuleOf(l).IdealTokens(tokens, encoder_tokens);
+  }
+  return ideal;
+}
+
 Footprint ComputeFootprint(const ModelSpec& model, const std::vector<KvGroup>& groups,
                            const std::vector<PageClass>& classes, int64_t uniform_bytes_per_token,
                            int32_t block_tokens, int64_t tokens, int64_t encoder_tokens,
@@ -57,10 +67,7 @@ Footprint ComputeFootprint(const ModelSpec& model, const std::vector<KvGroup>& g
   f.tokens = tokens;
   f.encoder_tokens = encoder_tokens;
 
-  for (const LayerSpec& l : model.layers) {
-    f.ideal_bytes += l.kv_bytes_per_token() * TokenRuleOf(l).IdealTokens(tokens, encoder_tokens);
-  }
-  f.ideal_bytes += model.state_bytes_per_sequence();
+  f.ideal_bytes = IdealBytes(model, tokens, encoder_tokens);
 
   f.pages_per_group.resize(groups.size());
   for (const KvGroup& g : groups) {

@@ -1,11 +1,14 @@
 #include "plan_command.h"
 
+#include <iterator>
 #include <ostream>
+#include <string_view>
 
 #include <fmt/format.h>
 
 #include <hkv/common/byte_size.h>
 #include <hkv/common/dtype.h>
+#include <hkv/manager/allocator_mode.h>
 #include <hkv/plan/plan.h>
 #include <hkv/spec/config_loader.h>
 
@@ -46,6 +49,61 @@ Result<Plan> BuildPlan(const PlanArgs& args) {
   return MakePlan(model, options);
 }
 
+Result<std::vector<AllocatorMode>> ParseModes(const std::string& text) {
+  if (text == "all") {
+    return std::vector<AllocatorMode>(std::begin(kAllAllocatorModes), std::end(kAllAllocatorModes));
+  }
+  Result<AllocatorMode> mode = ParseAllocatorMode(text);
+  if (!mode.ok()) {
+    return Status::InvalidArgument(
+        fmt::format("--allocator '{}': expected uniform, padded, hybridkv or all", text));
+  }
+  return std::vector<AllocatorMode>{*mode};
+}
+
+AllocatorFigures FiguresAt(const Allocator& a, const ModelSpec& model, int64_t tokens,
+                           int64_t encoder_tokens) {
+  return AllocatorFigures{tokens, a.BytesPerSequence(tokens, encoder_tokens),
+                          a.Waste(model, tokens, encoder_tokens),
+                          a.MaxSequences(tokens, encoder_tokens)};
+}
+
+// Every requested mode built with the plan's resolved options, its figures at the planning point
+// and at each length (decoder tokens; the planning point's encoder tokens throughout).
+Result<std::vector<AllocatorReport>> CompareAllocators(const Plan& plan,
+                                                       const std::vector<AllocatorMode>& modes,
+                                                       std::vector<int64_t> lengths) {
+  const PlanOptions& o = plan.options;
+  for (int64_t t : lengths) {
+    if (t < 1 || t > o.max_model_len) {
+      return Status::InvalidArgument(fmt::format(
+          "--lengths {}: expected decoder tokens in [1, max model len {}]", t, o.max_model_len));
+    }
+  }
+  if (lengths.empty()) lengths = {o.seq_tokens};
+  AllocatorOptions ao;
+  ao.memory_bytes = o.memory_bytes;
+  ao.block_tokens = o.block_tokens;
+  ao.max_model_len = o.max_model_len;
+  ao.planning_tokens = o.seq_tokens;
+  ao.encoder_tokens = o.encoder_tokens;
+  std::vector<AllocatorReport> reports;
+  for (AllocatorMode mode : modes) {
+    AllocatorReport& r = reports.emplace_back();
+    r.mode = mode;
+    Result<Allocator> a = MakeAllocator(plan.model, mode, ao);
+    if (!a.ok()) {
+      r.error = a.status().message();
+      continue;
+    }
+    r.allocator = std::move(*a);
+    r.planning = FiguresAt(*r.allocator, plan.model, o.seq_tokens, o.encoder_tokens);
+    for (int64_t t : lengths)
+      r.lengths.push_back(FiguresAt(*r.allocator, plan.model, t, o.encoder_tokens));
+  }
+  return reports;
+}
+
 }  // namespace
 
 CLI::App* AddPlanCommand(CLI::App& app, PlanArgs& args) {
@@ -77,23 +135,56 @@ CLI::App* AddPlanCommand(CLI::App& app, PlanArgs& args) {
       ->capture_default_str();
   cmd->add_flag("--json", args.json, "print one JSON document instead of tables");
   cmd->add_flag("--show-layout", args.show_layout, "list every tensor view of the layout");
+  cmd->add_option("--allocator", args.allocator,
+                  "also compare allocator modes per sequence: uniform, padded, hybridkv or all");
+  cmd->add_option("--lengths", args.lengths,
+                  "decoder lengths to compare the allocators at, e.g. 1024,4096,16384 "
+                  "(default: --seq-len)")
+      ->delimiter(',');
   return cmd;
 }
 
 int RunPlanCommand(const PlanArgs& args, std::ostream& out, std::ostream& err) {
-  Result<Plan> plan = BuildPlan(args);
-  if (!plan.ok()) {
-    err << "hkv plan: error: " << plan.status().message() << "\n";
+  const auto fail = [&err](std::string_view message) {
+    err << "hkv plan: error: " << message << "\n";
     return 1;
+  };
+  std::vector<AllocatorMode> modes;
+  if (!args.allocator.empty()) {
+    Result<std::vector<AllocatorMode>> parsed = ParseModes(args.allocator);
+    if (!parsed.ok()) return fail(parsed.status().message());
+    modes = std::move(*parsed);
+  } else if (!args.lengths.empty()) {
+    return fail("--lengths compares allocators: it needs --allocator");
+  }
+  Result<Plan> plan = BuildPlan(args);
+  if (!plan.ok()) return fail(plan.status().message());
+  std::vector<AllocatorReport> reports;
+  if (!modes.empty()) {
+    Result<std::vector<AllocatorReport>> compared = CompareAllocators(*plan, modes, args.lengths);
+    if (!compared.ok()) return fail(compared.status().message());
+    reports = std::move(*compared);
   }
   if (args.json) {
-    out << PlanToJson(*plan).dump(2) << "\n";
+    nlohmann::json doc = PlanToJson(*plan);
+    if (!modes.empty()) doc["allocators"] = AllocatorsToJson(reports);
+    out << doc.dump(2) << "\n";
   } else {
     PrintPlanTable(*plan, args.show_layout, out);
+    if (!modes.empty()) PrintAllocatorTable(*plan, reports, !args.lengths.empty(), out);
   }
   for (const std::string& w : plan->warnings)
     err << "hkv plan: warning: " << w << "\n";
-  return 0;
+  bool any = modes.empty();
+  for (const AllocatorReport& r : reports) {
+    if (r.allocator) {
+      any = true;
+    } else {
+      err << "hkv plan: " << AllocatorModeName(r.mode) << " cannot hold the model: " << r.error
+          << "\n";
+    }
+  }
+  return any ? 0 : 1;
 }
 
 }  // namespace hkv::cli

@@ -4,11 +4,15 @@
 // Contract: AddPlanCommand registers the subcommand and its options on `app`; after parsing,
 // RunPlanCommand loads the config, plans, and writes the report to `out` (errors to `err`),
 // returning the process exit code: 0 on success, 1 when the config or options are rejected.
+// With `allocator` set ("uniform", "padded", "hybridkv" or "all") the report also compares the
+// allocator modes (MakeAllocator) at the planning point and at `lengths`; a mode that cannot
+// hold the model is reported with its error, and the exit code is 1 only if no mode could.
 #pragma once
 
 #include <cstdint>
 #include <iosfwd>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -28,6 +32,8 @@ struct PlanArgs {
   std::string strategy = "auto";
   bool json = false;
   bool show_layout = false;
+  std::string allocator;         // empty: the plan report only
+  std::vector<int64_t> lengths;  // decoder tokens to compare allocators at; empty: --seq-len
 };
 
 CLI::App* AddPlanCommand(CLI::App& app, PlanArgs& args);

@@ -1,6 +1,7 @@
 #include "plan_report.h"
 
 #include <algorithm>
+#include <limits>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -184,6 +185,85 @@ void PrintPlanTable(const Plan& plan, bool show_layout, std::ostream& out) {
       out << fmt::format("  {:>5} {:<7} {:>5} {:>14} {:>12} {:>10}  ({})\n",
                          m.layers[static_cast<size_t>(t.layer)].layer, t.name, t.page_class,
                          t.offset, t.block_stride, t.bytes, fmt::join(t.block_shape, ", "));
+    }
+  }
+}
+
+nlohmann::json AllocatorsToJson(const std::vector<AllocatorReport>& reports) {
+  using nlohmann::json;
+  json list = json::array();
+  for (const AllocatorReport& r : reports) {
+    json j = {{"allocator", AllocatorModeName(r.mode)}};
+    if (!r.allocator) {
+      j["error"] = r.error;
+      list.push_back(std::move(j));
+      continue;
+    }
+    const Allocator& a = *r.allocator;
+    j["block_tokens"] = a.block_tokens;
+    j["state_page_bytes"] = a.state_page_bytes;
+    j["pool_block_bytes"] = a.pool_block_bytes;
+    j["bytes_per_sequence"] = r.planning.bytes_per_sequence;
+    j["waste"] = r.planning.waste;
+    j["max_sequences"] = r.planning.max_sequences;
+    j["summary"] = a.summary;
+    json lengths = json::array();
+    for (const AllocatorFigures& f : r.lengths) {
+      lengths.push_back({{"tokens", f.tokens},
+                         {"bytes_per_sequence", f.bytes_per_sequence},
+                         {"waste", f.waste},
+                         {"max_sequences", f.max_sequences}});
+    }
+    j["lengths"] = std::move(lengths);
+    list.push_back(std::move(j));
+  }
+  return list;
+}
+
+void PrintAllocatorTable(const Plan& plan, const std::vector<AllocatorReport>& reports,
+                         bool show_lengths, std::ostream& out) {
+  const PlanOptions& o = plan.options;
+  const std::string encoder =
+      o.encoder_tokens > 0 ? fmt::format(" + {} encoder tokens", o.encoder_tokens) : std::string();
+  const auto max_text = [](int64_t n) {
+    return n == std::numeric_limits<int64_t>::max() ? std::string("unbounded") : std::to_string(n);
+  };
+  out << fmt::format("\nAllocators (one sequence of {} tokens{}; waste against the ideal {})\n",
+                     o.seq_tokens, encoder,
+                     FormatBytes(IdealBytes(plan.model, o.seq_tokens, o.encoder_tokens)));
+  out << fmt::format("  {:<9} {:>6} {:>12} {:>14} {:>9} {:>15}\n", "allocator", "block",
+                     "state page", "bytes/seq", "waste", "max sequences");
+  for (const AllocatorReport& r : reports) {
+    if (!r.allocator) {
+      out << fmt::format("  {:<9} cannot hold the model: {}\n", AllocatorModeName(r.mode), r.error);
+      continue;
+    }
+    const Allocator& a = *r.allocator;
+    out << fmt::format("  {:<9} {:>6} {:>12} {:>14} {:>9} {:>15}\n", AllocatorModeName(r.mode),
+                       a.block_tokens,
+                       a.state_page_bytes > 0 ? FormatBytes(a.state_page_bytes) : std::string("-"),
+                       FormatBytes(r.planning.bytes_per_sequence), Percent(r.planning.waste),
+                       max_text(r.planning.max_sequences));
+  }
+  for (const AllocatorReport& r : reports) {
+    if (r.allocator) {
+      out << fmt::format("  {:<9} {}\n", AllocatorModeName(r.mode), r.allocator->summary);
+    }
+  }
+  if (!show_lengths) return;
+  out << fmt::format("\nBy length (decoder tokens{})\n", encoder);
+  out << fmt::format("  {:>8}  {:<9} {:>14} {:>9} {:>15}\n", "tokens", "allocator", "bytes/seq",
+                     "waste", "max sequences");
+  size_t num_lengths = 0;
+  for (const AllocatorReport& r : reports)
+    num_lengths = std::max(num_lengths, r.lengths.size());
+  for (size_t i = 0; i < num_lengths; ++i) {
+    for (const AllocatorReport& r : reports) {
+      if (i >= r.lengths.size()) continue;  // a mode that cannot hold the model
+      const AllocatorFigures& f = r.lengths[i];
+      out << fmt::format("  {:>8}  {:<9} {:>14} {:>9} {:>15}\n", f.tokens,
+                         AllocatorModeName(r.mode), FormatBytes(f.bytes_per_sequence),
+                         Percent(f.waste), max_text(f.max_sequences));
     }
   }
 }

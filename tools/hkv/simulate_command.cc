@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include <hkv/common/byte_size.h>
-#include <hkv/sim/allocator_mode.h>
+#include <hkv/manager/allocator_mode.h>
 #include <hkv/sim/trace.h>
 #include <hkv/spec/config_loader.h>
 

@@ -134,4 +134,9 @@ Result<Plan> MakePlan(const ModelSpec& model, const PlanOptions& options);
 // recurrent layer is charged like the first attention layer: the pre-hybrid uniform layout.
 int64_t UniformBytesPerToken(const ModelSpec& model);
 
+// Bytes one sequence of `tokens` decoder and `encoder_tokens` encoder tokens truly needs
+// resident: every cache-owning layer's TokenRule ideal tokens times its bytes per token, plus the
+// recurrent state (Footprint::ideal_bytes). Negative counts are taken as 0.
+int64_t IdealBytes(const ModelSpec& model, int64_t tokens, int64_t encoder_tokens);
+
 }  // namespace hkv

@@ -1,11 +1,12 @@
 #include <algorithm>
 #include <climits>
+#include <limits>
 
 #include <fmt/format.h>
 
 #include <hkv/common/byte_size.h>
+#include <hkv/manager/allocator_mode.h>
 #include <hkv/plan/plan.h>
-#include <hkv/sim/allocator_mode.h>
 
 namespace hkv {
 namespace {
@@ -21,9 +22,13 @@ Result<int32_t> PoolBlocks(int64_t memory_bytes, int64_t block_bytes, std::strin
   return static_cast<int32_t>(blocks);
 }
 
-ManagerConfig BaseConfig(const AllocatorOptions& o) {
+ManagerConfig BaseConfig(const ModelSpec& model, const AllocatorOptions& o) {
   ManagerConfig c;
   c.max_model_len = o.max_model_len;
+  if (model.has_cross_attention()) {
+    c.max_encoder_tokens =
+        std::max<int64_t>(o.encoder_tokens == -1 ? model.max_encoder_tokens : o.encoder_tokens, 1);
+  }
   c.record_events = false;
   c.enable_prefix_caching = true;
   return c;
@@ -38,21 +43,31 @@ Result<Allocator> MakeUniform(const ModelSpec& model, const AllocatorOptions& o,
   }
   Allocator a;
   a.mode = AllocatorMode::kUniform;
-  a.config = BaseConfig(o);
+  a.config = BaseConfig(model, o);
   a.block_tokens = o.block_tokens;
   const int64_t block_bytes = int64_t{o.block_tokens} * uniform_bytes_per_token;
   HKV_ASSIGN_OR_RETURN(const int32_t blocks, PoolBlocks(o.memory_bytes, block_bytes, "uniform"));
   a.config.pool_blocks = {blocks};
   a.config.groups = {GroupConfig{TokenRule{TokenRuleKind::kAll, 0, 0}, o.block_tokens, 0}};
+  // Encoder tokens, too, get a slot in every layer (their own block table, as engines kept a
+  // cross-attention block table beside the decoder's).
+  const bool cross = model.has_cross_attention();
+  if (cross) {
+    a.config.groups.push_back(
+        GroupConfig{TokenRule{TokenRuleKind::kEncoder, 0, 0}, o.block_tokens, 0});
+  }
   // Per-token blocks cannot restore a recurrence: a pre-hybrid engine turns prefix caching off
   // for such models (a hit would skip the recurrent layers' state).
   const bool recurrent = std::any_of(model.layers.begin(), model.layers.end(),
                                      [](const LayerSpec& l) { return l.owns_state(); });
   a.config.enable_prefix_caching = !recurrent;
   a.pool_block_bytes = {block_bytes};
-  a.summary = fmt::format(
-      "1 group (every layer full attention), {}-token blocks of {}, {} blocks{}", o.block_tokens,
-      FormatBytes(block_bytes), blocks, recurrent ? ", prefix caching off (recurrent layers)" : "");
+  a.summary = fmt::format("{}, {}-token blocks of {}, {} blocks{}",
+                          cross ? "2 groups (every layer full attention, encoder tokens in every "
+                                  "layer)"
+                                : "1 group (every layer full attention)",
+                          o.block_tokens, FormatBytes(block_bytes), blocks,
+                          recurrent ? ", prefix caching off (recurrent layers)" : "");
   return a;
 }
 
@@ -125,7 +140,7 @@ Result<Allocator> MakePadded(const ModelSpec& model, const AllocatorOptions& o) 
   const size_t group_layers = 2 * large < 3 * small ? large : small;
   Allocator a;
   a.mode = AllocatorMode::kPadded;
-  a.config = BaseConfig(o);
+  a.config = BaseConfig(model, o);
   a.block_tokens = static_cast<int32_t>(block);
   a.state_page_bytes = state_page > 0 ? page : 0;
   int64_t padding = 0;
@@ -163,15 +178,94 @@ Result<Allocator> MakeHybridKV(const Plan& plan) {
   std::string pools;
   for (const PageClass& c : plan.page_classes) {
     a.pool_block_bytes.push_back(c.page_bytes);
-    pools +=
-        fmt::format("{}{} x {}", pools.empty() ? "" : ", ", c.num_pages, FormatBytes(c.page_bytes));
+    if (plan.arena.enabled()) {
+      pools += fmt::format("{}{} x {}", pools.empty() ? "" : ", ", c.pages_per_slab,
+                           FormatBytes(c.page_bytes));
+    } else {
+      pools += fmt::format("{}{} x {}", pools.empty() ? "" : ", ", c.num_pages,
+                           FormatBytes(c.page_bytes));
+    }
   }
-  a.summary = fmt::format("{} groups, {}-token attention blocks, pools: {}", plan.groups.size(),
-                          a.block_tokens, pools);
+  if (plan.arena.enabled()) {
+    a.slab_bytes = plan.arena.slab_bytes;
+    a.summary = fmt::format(
+        "{} groups, {}-token attention blocks, {} shared slabs of {}: a slab "
+        "is one of {}",
+        plan.groups.size(), a.block_tokens, plan.arena.num_slabs, FormatBytes(a.slab_bytes), pools);
+  } else {
+    a.summary = fmt::format("{} groups, {}-token attention blocks, pools: {}", plan.groups.size(),
+                            a.block_tokens, pools);
+  }
   return a;
 }
 
 }  // namespace
+
+std::vector<int64_t> Allocator::BlocksPerSequence(int64_t tokens, int64_t encoder_tokens) const {
+  tokens = std::max<int64_t>(tokens, 0);
+  encoder_tokens = std::max<int64_t>(encoder_tokens, 0);
+  std::vector<int64_t> need(config.pool_blocks.size(), 0);
+  for (const GroupConfig& g : config.groups) {
+    need[static_cast<size_t>(g.pool)] +=
+        g.rule.BlocksHeld(tokens, encoder_tokens, std::max(g.block_tokens, 1));
+  }
+  return need;
+}
+
+int64_t Allocator::BytesPerSequence(int64_t tokens, int64_t encoder_tokens) const {
+  const std::vector<int64_t> need = BlocksPerSequence(tokens, encoder_tokens);
+  int64_t bytes = 0;
+  for (size_t p = 0; p < need.size(); ++p) {
+    // With shared slabs a block costs its share of a slab, unused slab tail included.
+    bytes += config.arena.enabled() && slab_bytes > 0
+                 ? need[p] * slab_bytes / config.arena.pages_per_slab[p]
+                 : need[p] * pool_block_bytes[p];
+  }
+  return bytes;
+}
+
+int64_t Allocator::MaxSequences(int64_t tokens, int64_t encoder_tokens) const {
+  const std::vector<int64_t> need = BlocksPerSequence(tokens, encoder_tokens);
+  constexpr int64_t kUnbounded = std::numeric_limits<int64_t>::max();
+  if (!config.arena.enabled()) {
+    int64_t best = kUnbounded;
+    for (size_t p = 0; p < need.size(); ++p) {
+      if (need[p] > 0) best = std::min(best, (int64_t{config.pool_blocks[p]} - 1) / need[p]);
+    }
+    return best;
+  }
+  // Slabs are shared: n sequences take ceil(n * need_p / pages_per_slab_p) slabs for pool p,
+  // which grows with n. n is at most what the slabs hold when one pool has them all.
+  const auto slabs_for = [&](int64_t n) {
+    int64_t slabs = 0;
+    for (size_t p = 0; p < need.size(); ++p)
+      slabs += CeilDiv(n * need[p], config.arena.pages_per_slab[p]);
+    return slabs;
+  };
+  int64_t lo = 0, hi = kUnbounded;
+  for (size_t p = 0; p < need.size(); ++p) {
+    if (need[p] > 0) {
+      hi = std::min(hi, config.arena.num_slabs * config.arena.pages_per_slab[p] / need[p]);
+    }
+  }
+  if (hi == kUnbounded) return kUnbounded;
+  while (lo < hi) {  // lo fits; nothing above hi does
+    const int64_t mid = lo + (hi - lo + 1) / 2;
+    if (slabs_for(mid) <= config.arena.num_slabs) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
+double Allocator::Waste(const ModelSpec& model, int64_t tokens, int64_t encoder_tokens) const {
+  const int64_t bytes = BytesPerSequence(tokens, encoder_tokens);
+  if (bytes <= 0) return 0.0;
+  return static_cast<double>(bytes - IdealBytes(model, tokens, encoder_tokens)) /
+         static_cast<double>(bytes);
+}
 
 std::string_view AllocatorModeName(AllocatorMode mode) {
   switch (mode) {
@@ -203,6 +297,12 @@ Result<Allocator> MakeAllocator(const ModelSpec& model, AllocatorMode mode,
                     o.block_tokens, o.memory_bytes, o.max_model_len, o.planning_tokens));
   }
   HKV_RETURN_IF_ERROR(model.Validate());
+  if (o.encoder_tokens < -1 || (o.encoder_tokens > 0 && !model.has_cross_attention())) {
+    return Status::InvalidArgument(fmt::format(
+        "allocator: encoder_tokens {}: expected -1 (the model's largest encoder input), 0, or a "
+        "count for a model with cross attention ({} has {})",
+        o.encoder_tokens, model.source, model.has_cross_attention() ? "some" : "none"));
+  }
   switch (mode) {
     case AllocatorMode::kUniform:
       return MakeUniform(model, o, UniformBytesPerToken(model));
@@ -214,6 +314,7 @@ Result<Allocator> MakeAllocator(const ModelSpec& model, AllocatorMode mode,
       po.block_tokens = o.block_tokens;
       po.max_model_len = o.max_model_len;
       po.seq_tokens = o.planning_tokens;
+      po.encoder_tokens = o.encoder_tokens;
       Result<Plan> plan = MakePlan(model, po);
       if (!plan.ok()) {
         return Status(plan.status().code(), fmt::format("hybridkv: {}", plan.status().message()));

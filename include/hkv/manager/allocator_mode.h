@@ -6,9 +6,10 @@
 // `options.memory_bytes`, or an error naming why the mode cannot hold this model:
 // - kUniform — the pre-hybrid engine: one full-attention group over every layer (a sliding,
 //   chunked or cross-attention layer keeps every token; a recurrent layer is charged like an
-//   attention layer), one pool of `block_tokens`-token blocks. Per-token blocks cannot restore
-//   a recurrent state, so on a model with recurrent layers prefix caching is off, as it was in
-//   engines before hybrid allocators.
+//   attention layer), one pool of `block_tokens`-token blocks. A model with cross attention adds
+//   an encoder group in the same pool: every encoder token, too, has a slot in every layer.
+//   Per-token blocks cannot restore a recurrent state, so on a model with recurrent layers prefix
+//   caching is off, as it was in engines before hybrid allocators.
 // - kPadded — vLLM's hybrid allocator with one page size: with recurrent layers the attention
 //   block grows to block_tokens * ceil(state page / (block_tokens * attention bytes per token))
 //   and the state page is padded up to the attention page; layers with smaller pages get
@@ -21,6 +22,11 @@
 //   class, split at the planning point `planning_tokens`.
 // Every mode keeps prefix caching on and uses the manager's rules (all-or-nothing allocation,
 // tail-first eviction); only pages, groups and pools differ.
+//
+// Per-sequence figures are computed from `config` and `pool_block_bytes` alone, the same way for
+// every mode: a group holds TokenRule::BlocksHeld blocks of its pool for one sequence (a state
+// group one), each costing its pool's block bytes. In the padded mode a group's block is one page
+// of each of its layer slots, padding included; in the uniform mode one block of every layer.
 #pragma once
 
 #include <cstdint>
@@ -47,6 +53,9 @@ struct AllocatorOptions {
   int32_t block_tokens = 16;
   int64_t max_model_len = 16384;
   int64_t planning_tokens = 0;  // hybridkv's pool split point; 0: max_model_len
+  // Encoder tokens of that planning point; -1: the model's largest encoder input (0 without
+  // cross attention). Also bounds the encoder tokens a request may bring (max_encoder_tokens).
+  int64_t encoder_tokens = -1;
 };
 
 struct Allocator {
@@ -55,7 +64,21 @@ struct Allocator {
   int32_t block_tokens = 0;               // attention block the mode ends up with (0: none)
   int64_t state_page_bytes = 0;           // bytes one recurrent checkpoint occupies (0: none)
   std::vector<int64_t> pool_block_bytes;  // bytes of one block of each pool
+  int64_t slab_bytes = 0;                 // two-level (config.arena): bytes of one slab
   std::string summary;                    // one line: groups, pools, block sizes
+
+  // Blocks of each pool one sequence of `tokens` decoder and `encoder_tokens` encoder tokens
+  // holds (negative counts are taken as 0).
+  std::vector<int64_t> BlocksPerSequence(int64_t tokens, int64_t encoder_tokens) const;
+  // Bytes those blocks occupy.
+  int64_t BytesPerSequence(int64_t tokens, int64_t encoder_tokens) const;
+  // Most such sequences the pools hold at once: min over pools of (blocks - null block) / need,
+  // or, with an arena, the largest n whose blocks fit the shared slabs. A sequence needing no
+  // block at all is unbounded: std::numeric_limits<int64_t>::max().
+  int64_t MaxSequences(int64_t tokens, int64_t encoder_tokens) const;
+  // (BytesPerSequence - IdealBytes) / BytesPerSequence: the share of a sequence's memory that
+  // holds nothing the model needs (0 when it holds no bytes).
+  double Waste(const ModelSpec& model, int64_t tokens, int64_t encoder_tokens) const;
 };
 
 Result<Allocator> MakeAllocator(const ModelSpec& model, AllocatorMode mode,
