@@ -4,8 +4,10 @@
 
 #include <benchmark/benchmark.h>
 
+#include <hkv/common/splitmix64.h>
 #include <hkv/pool/block_hash.h>
 #include <hkv/pool/block_pool.h>
+#include <hkv/pool/slab_arena.h>
 
 namespace hkv {
 namespace {
@@ -61,6 +63,98 @@ void BM_FindHit(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_FindHit)->Arg(1 << 10)->Arg(10 << 10)->Arg(100 << 10);
+
+// Two-level memory against fixed pools, side by side: a request's step takes 16 attention pages
+// and one state page, publishes them (so freed pages stay cached and later allocations evict),
+// and gives them back tail first. Fixed: two BlockPools and the manager's per-pool free-count
+// check. Two-level: the same pages from a SlabArena of Bamba-9B's shape (a slab is one 59 MiB
+// state or 316 attention pages; 275 slabs), Reserve then Allocate. Half of memory is held by
+// other requests throughout, so the arena's pools are partly carved and partly cached.
+struct Step {
+  std::vector<int32_t> attn, state;
+  uint64_t key = 0;
+};
+
+// Keys as random as real chain digests.
+void Publish(BlockPool& pool, const std::vector<int32_t>& blocks, uint64_t& key) {
+  for (int32_t b : blocks) {
+    SplitMix64 mix(++key);
+    const uint64_t lo = mix.Next();
+    (void)pool.Publish(b, PrefixKey{{lo, mix.Next()}, 0});
+  }
+}
+
+void RunStep(std::vector<BlockPool>& pools, SlabArena* arena, Step& s) {
+  const std::vector<int64_t> need = {16, 1};
+  if (arena != nullptr) {
+    if (!arena->Reserve(pools, need).ok()) std::abort();
+  } else if (pools[0].num_free() < 16 || pools[1].num_free() < 1) {
+    std::abort();
+  }
+  s.attn.clear();
+  s.state.clear();
+  (void)pools[0].Allocate(16, s.attn);
+  (void)pools[1].Allocate(1, s.state);
+  Publish(pools[0], s.attn, s.key);
+  Publish(pools[1], s.state, s.key);
+  std::reverse(s.attn.begin(), s.attn.end());
+  (void)pools[0].Free(s.attn);
+  (void)pools[1].Free(s.state);
+}
+
+void BM_StepFixedPools(benchmark::State& state) {
+  std::vector<BlockPool> pools;
+  pools.push_back(BlockPool::Create(275 * 316 / 2 + 1, false).value());
+  pools.push_back(BlockPool::Create(275 / 2 + 1, false).value());
+  std::vector<int32_t> held_a, held_s;
+  (void)pools[0].Allocate(pools[0].num_free() / 2, held_a);
+  (void)pools[1].Allocate(pools[1].num_free() / 2, held_s);
+  Step s;
+  for (auto _ : state)
+    RunStep(pools, nullptr, s);
+  state.SetItemsProcessed(state.iterations() * 17);
+}
+BENCHMARK(BM_StepFixedPools);
+
+void BM_StepTwoLevel(benchmark::State& state) {
+  const std::vector<int32_t> per = {316, 1};
+  SlabArena arena = SlabArena::Create(275, per).value();
+  std::vector<BlockPool> pools = arena.MakePools(false).value();
+  std::vector<int64_t> half = {275 * 316 / 4, 275 / 4};
+  (void)arena.Reserve(pools, half);
+  std::vector<int32_t> held_a, held_s;
+  (void)pools[0].Allocate(static_cast<int32_t>(half[0]), held_a);
+  (void)pools[1].Allocate(static_cast<int32_t>(half[1]), held_s);
+  Step s;
+  for (auto _ : state)
+    RunStep(pools, &arena, s);
+  state.SetItemsProcessed(state.iterations() * 17);
+}
+BENCHMARK(BM_StepTwoLevel);
+
+// Demand swinging between classes every step: a slab's worth of attention pages, then as many
+// states as fit in that slab; every step moves a slab (carving or taking it from the other
+// class, dropping its cached pages). The price of memory that follows demand.
+void BM_StepSlabMoves(benchmark::State& state) {
+  const std::vector<int32_t> per = {316, 1};
+  SlabArena arena = SlabArena::Create(4, per).value();
+  std::vector<BlockPool> pools = arena.MakePools(false).value();
+  std::vector<int32_t> blocks;
+  uint64_t key = 0;
+  size_t p = 0;
+  for (auto _ : state) {
+    std::vector<int64_t> need = {0, 0};
+    need[p] = 3 * per[p];
+    if (!arena.Reserve(pools, need).ok()) std::abort();
+    blocks.clear();
+    (void)pools[p].Allocate(static_cast<int32_t>(need[p]), blocks);
+    Publish(pools[p], blocks, key);
+    (void)pools[p].Free(blocks);
+    p = 1 - p;
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_StepSlabMoves);
 
 }  // namespace
 }  // namespace hkv
