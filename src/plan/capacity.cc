@@ -110,7 +110,7 @@ Footprint Plan::FootprintOf(int64_t tokens, int64_t encoder_tokens) const {
 int64_t Plan::BlockOffset(const TensorView& v, int64_t block) const {
   if (!arena.enabled()) return v.offset + block * v.block_stride;
   const int64_t per = page_classes[static_cast<size_t>(v.page_class)].pages_per_slab;
-  return (block - 1) / per * arena.slab_bytes + (block - 1) % per * v.block_stride + v.offset;
+  return SlabPageOffset(block, per, arena.slab_bytes, v.block_stride) + v.offset;
 }
 
 int64_t Plan::MaxSequences(int64_t tokens, int64_t encoder_tokens) const {

@@ -74,7 +74,7 @@ int32_t SlabArena::FirstUnkept(const BlockPool& pool, int32_t seg) const {
 }
 
 int32_t SlabArena::Donor(std::span<BlockPool> pools, std::span<const int64_t> need, size_t p,
-                         uint64_t before, int32_t& from) const {
+                         int32_t& from, uint64_t& age) const {
   int32_t best = -1;
   uint64_t best_tick = 0;
   for (size_t q = 0; q < pools.size(); ++q) {
@@ -84,17 +84,19 @@ int32_t SlabArena::Donor(std::span<BlockPool> pools, std::span<const int64_t> ne
     const int32_t plain = FirstUnkept(bq, bq.OldestEmptyUncached());
     if (plain >= 0) {
       from = static_cast<int32_t>(q);
+      age = 0;  // caches nothing: older than anything
       return plain;
     }
     const int32_t seg = FirstUnkept(bq, bq.OldestEmptyCached());
     if (seg < 0) continue;
     const uint64_t tick = bq.empty_since(seg);
-    if ((before == 0 || tick < before) && (best < 0 || tick < best_tick)) {
+    if (best < 0 || tick < best_tick) {
       best = seg;
       best_tick = tick;
       from = static_cast<int32_t>(q);
     }
   }
+  age = best_tick;
   return best;
 }
 
@@ -149,8 +151,9 @@ Status SlabArena::ReserveKeeping(std::span<BlockPool> pools, std::span<const int
   for (size_t p = 0; p < pools.size(); ++p) {
     while (pools[p].num_free() < need[p]) {
       int32_t from = -1;
+      uint64_t age = 0;
       const int32_t slab =
-          unassigned_.empty() ? Donor(pools, need, p, 0, from) : unassigned_.back();
+          unassigned_.empty() ? Donor(pools, need, p, from, age) : unassigned_.back();
       if (slab < 0) std::abort();  // the feasibility check guaranteed a slab
       Move(pools, slab, from, p);
     }
@@ -161,6 +164,12 @@ Status SlabArena::ReserveKeeping(std::span<BlockPool> pools, std::span<const int
     BlockPool& bp = pools[p];
     int64_t remaining = need[p];
     if (remaining == 0 || bp.num_free_cached() == 0) continue;
+    // The best other slab changes only when one moves, so it is looked up once per move, not
+    // once per page walked.
+    int32_t from = -1;
+    uint64_t age = 0;
+    int32_t donor = -1;
+    bool looked = false;
     int32_t cur = bp.NextFree(-1);
     while (remaining > 0 && cur >= 0) {
       if (!bp.has_identity(cur)) {
@@ -168,12 +177,21 @@ Status SlabArena::ReserveKeeping(std::span<BlockPool> pools, std::span<const int
         cur = bp.NextFree(cur);
         continue;
       }
-      int32_t from = -1;
-      const int32_t slab = unassigned_.empty() ? Donor(pools, need, p, bp.free_tick(cur) + 1, from)
-                                               : unassigned_.back();
+      int32_t slab = -1;
+      if (!unassigned_.empty()) {
+        slab = unassigned_.back();
+        from = -1;
+      } else {
+        if (!looked) {
+          donor = Donor(pools, need, p, from, age);
+          looked = true;
+        }
+        if (donor >= 0 && age <= bp.free_tick(cur)) slab = donor;
+      }
       if (slab >= 0) {
         Move(pools, slab, from, p);  // its pages go ahead of `cur`, uncached
         remaining -= std::min<int64_t>(remaining, pages_per_slab_[p]);
+        looked = false;
       } else {
         --remaining;
         cur = bp.NextFree(cur);
@@ -181,14 +199,6 @@ Status SlabArena::ReserveKeeping(std::span<BlockPool> pools, std::span<const int
     }
   }
   return Status::Ok();
-}
-
-int64_t SlabArena::Available(std::span<const BlockPool> pools, size_t p) const {
-  int64_t slabs = num_unassigned();
-  for (size_t q = 0; q < pools.size(); ++q) {
-    if (q != p) slabs += pools[q].num_empty_segments();
-  }
-  return pools[p].num_free() + slabs * pages_per_slab_[p];
 }
 
 ArenaUsage SlabArena::Usage(std::span<const BlockPool> pools) const {

@@ -2,6 +2,7 @@
 // eviction across classes, all-or-nothing reservation, and stranded memory under adversarial
 // allocation patterns.
 #include <algorithm>
+#include <memory>
 #include <random>
 
 #include <gtest/gtest.h>
@@ -286,6 +287,33 @@ TEST(SlabArenaTest, AdversarialPatternsKeepInvariantsAndBoundStrandedPages) {
   EXPECT_GT(refused, 0);
   EXPECT_GT(moved, 0);
   RecordProperty("max_stranded_pages", static_cast<int>(max_stranded));
+}
+
+TEST(SlabArenaTest, SegmentCallsRejectWrongArgumentsAndChangeNothing) {
+  EXPECT_EQ(BlockPool::CreateSegmented(0, 4, std::make_shared<uint64_t>(0)).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(BlockPool::CreateSegmented(2, 4, nullptr).status().code(),
+            StatusCode::kInvalidArgument);
+  BlockPool p = BlockPool::CreateSegmented(2, 4, std::make_shared<uint64_t>(0)).value();
+  EXPECT_EQ(p.num_owned(), 0);
+  std::vector<int32_t> got;
+  EXPECT_EQ(p.Allocate(1, got).code(), StatusCode::kResourceExhausted);  // dormant blocks
+  EXPECT_EQ(p.Acquire(1).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(p.AddSegment(2).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(p.RemoveSegment(0).code(), StatusCode::kFailedPrecondition);  // not owned
+  ASSERT_TRUE(p.AddSegment(1).ok());
+  const Status twice = p.AddSegment(1);
+  EXPECT_EQ(twice.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(twice.message().find("already owned"), std::string::npos) << twice.message();
+  ASSERT_TRUE(p.Allocate(1, got).ok());
+  EXPECT_EQ(p.segment_of(got[0]), 1);
+  const std::vector<int32_t> order = p.FreeListOrder();
+  const Status held = p.RemoveSegment(1);
+  EXPECT_EQ(held.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(held.message().find("1 held block"), std::string::npos) << held.message();
+  EXPECT_EQ(p.FreeListOrder(), order);
+  EXPECT_EQ(p.num_owned(), 4);
+  EXPECT_TRUE(p.CheckInvariants().ok());
 }
 
 }  // namespace

@@ -422,4 +422,30 @@ TEST(PlanCommandTest, EveryFamilyFixturePlans) {
 }
 
 }  // namespace
+
+TEST(PlanCommandTest, TwoLevelPlansReportTheirSlabs) {
+  // Bamba-9B at 16 GiB: 275 slabs of one 59.40 MiB state (62,287,360 bytes) or 316 attention
+  // pages of 192 KiB; the classes own no buffer of their own.
+  PlanArgs a = Args("ibm-ai-platform--Bamba-9B");
+  a.max_model_len = 16384;
+  a.json = true;
+  const nlohmann::json j = Json(RunPlan(a));
+  EXPECT_EQ(j["strategy"], "two_level");
+  EXPECT_EQ(j["arena"]["slab_bytes"], 62287360);
+  EXPECT_EQ(j["arena"]["num_slabs"], 275);
+  EXPECT_EQ(j["arena"]["buffer_bytes"], int64_t{275} * 62287360);
+  for (const nlohmann::json& c : j["page_classes"]) {
+    EXPECT_EQ(c["buffer_bytes"], 0);
+    EXPECT_EQ(c["pages_per_slab"], c["page_bytes"] == 62287360 ? 1 : 316);
+  }
+  a.json = false;
+  EXPECT_NE(RunPlan(a).out.find("275 slabs of 59.40 MiB"), std::string::npos) << RunPlan(a).out;
+  // A fixed split has no arena.
+  PlanArgs fixed = Args("ibm-ai-platform--Bamba-9B");
+  fixed.max_model_len = 16384;
+  fixed.strategy = "multi";
+  fixed.json = true;
+  EXPECT_TRUE(Json(RunPlan(fixed))["arena"].is_null());
+}
+
 }  // namespace hkv::cli

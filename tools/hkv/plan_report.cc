@@ -83,9 +83,14 @@ nlohmann::json PlanToJson(const Plan& plan) {
                        {"page_bytes", c.page_bytes},
                        {"num_pages", c.num_pages},
                        {"buffer_bytes", c.buffer_bytes()},
+                       {"pages_per_slab", c.pages_per_slab},
                        {"groups", c.groups}});
   }
   doc["page_classes"] = std::move(classes);
+  doc["arena"] = plan.arena.enabled() ? json{{"slab_bytes", plan.arena.slab_bytes},
+                                             {"num_slabs", plan.arena.num_slabs},
+                                             {"buffer_bytes", plan.arena.buffer_bytes()}}
+                                      : json(nullptr);
   doc["num_blocks"] = plan.num_pages();
   doc["bytes_per_token_full"] = plan.model.bytes_per_token_full();
   doc["state_bytes_per_sequence"] = plan.model.state_bytes_per_sequence();
@@ -146,11 +151,21 @@ void PrintPlanTable(const Plan& plan, bool show_layout, std::ostream& out) {
                        g.is_state() ? std::string("state") : std::to_string(g.block_tokens),
                        FormatBytes(g.page_bytes), g.page_class);
   }
-  out << "\nPage classes (one buffer each)\n";
-  for (const PageClass& c : plan.page_classes) {
-    out << fmt::format("  class {}: {} pages of {} = {} (groups {})\n", c.id, c.num_pages,
-                       FormatBytes(c.page_bytes), FormatBytes(c.buffer_bytes()),
-                       fmt::join(c.groups, ", "));
+  if (plan.arena.enabled()) {
+    out << fmt::format("\nPage classes (one buffer of {} slabs of {} = {}, carved on demand)\n",
+                       plan.arena.num_slabs, FormatBytes(plan.arena.slab_bytes),
+                       FormatBytes(plan.arena.buffer_bytes()));
+    for (const PageClass& c : plan.page_classes) {
+      out << fmt::format("  class {}: {} pages of {} per slab (groups {})\n", c.id,
+                         c.pages_per_slab, FormatBytes(c.page_bytes), fmt::join(c.groups, ", "));
+    }
+  } else {
+    out << "\nPage classes (one buffer each)\n";
+    for (const PageClass& c : plan.page_classes) {
+      out << fmt::format("  class {}: {} pages of {} = {} (groups {})\n", c.id, c.num_pages,
+                         FormatBytes(c.page_bytes), FormatBytes(c.buffer_bytes()),
+                         fmt::join(c.groups, ", "));
+    }
   }
   out << fmt::format("  strategy {}:", PageStrategyName(plan.strategy));
   for (const PageCandidate& c : plan.candidates) {

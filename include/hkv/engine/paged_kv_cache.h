@@ -110,8 +110,7 @@ class PagedKvCache {
 
     unsigned char* Block(unsigned char* base, int64_t stride, int64_t block) const {
       if (pages_per_slab == 0) return base + block * stride;
-      return base + (block - 1) / pages_per_slab * slab_bytes +
-             (block - 1) % pages_per_slab * stride;
+      return base + SlabPageOffset(block, pages_per_slab, slab_bytes, stride);
     }
   };
   std::vector<RowAddress> address_;  // per LayerSpec

@@ -47,7 +47,8 @@ struct PageClass {
   int32_t pages_per_slab = 0;   // two-level: pages one slab holds; 0 otherwise
   std::vector<int32_t> groups;  // groups drawing pages from this class
 
-  int64_t buffer_bytes() const { return page_bytes * num_pages; }
+  // A two-level class has no buffer of its own (its pages live in the plan's slabs).
+  int64_t buffer_bytes() const { return pages_per_slab > 0 ? 0 : page_bytes * num_pages; }
 };
 
 // Two-level memory: one buffer of num_slabs slabs of slab_bytes. The slab size is the largest
@@ -60,6 +61,13 @@ struct ArenaPlan {
   bool enabled() const { return num_slabs > 0; }
   int64_t buffer_bytes() const { return slab_bytes * num_slabs; }
 };
+
+// Two-level memory: where block `block` (>= 1) of a class with `pages_per_slab` pages of
+// `page_stride` bytes per slab starts, from the start of the slab buffer.
+inline int64_t SlabPageOffset(int64_t block, int64_t pages_per_slab, int64_t slab_bytes,
+                              int64_t page_stride) {
+  return (block - 1) / pages_per_slab * slab_bytes + (block - 1) % pages_per_slab * page_stride;
+}
 
 // One tensor of one layer inside a class buffer. The bytes of block b are
 // [offset + b * block_stride, offset + b * block_stride + bytes); with two-level memory the one
@@ -115,7 +123,7 @@ struct Plan {
   int64_t uniform_bytes_per_token = 0;  // every cache-owning layer treated as full attention
   std::vector<std::string> warnings;
 
-  int64_t num_pages() const;  // over all classes
+  int64_t num_pages() const;  // over all classes (two-level: each as if it had every slab)
   // Byte offset of block `block` (>= 1 with two-level memory) of tensor view `v` in its buffer.
   int64_t BlockOffset(const TensorView& v, int64_t block) const;
   Footprint FootprintOf(int64_t tokens, int64_t encoder_tokens) const;

@@ -85,7 +85,10 @@ class BlockPool {
   Status RemoveSegment(int32_t segment);
   int32_t num_segments() const { return static_cast<int32_t>(seg_held_.size()); }
   int32_t segment_blocks() const { return segment_blocks_; }
-  int32_t segment_of(int32_t block) const { return (block - 1) / segment_blocks_; }
+  // A pool of one segment (every fixed pool) skips the division on its per-block path.
+  int32_t segment_of(int32_t block) const {
+    return seg_held_.size() == 1 ? 0 : (block - 1) / segment_blocks_;
+  }
   bool segment_owned(int32_t segment) const { return seg_list_[Seg(segment)] != kUnowned; }
   int32_t segment_held(int32_t segment) const { return seg_held_[Seg(segment)]; }
   int32_t segment_cached(int32_t segment) const { return seg_cached_[Seg(segment)]; }

@@ -69,8 +69,6 @@ class SlabArena {
   // given away.
   Status Reserve(std::span<BlockPool> pools, std::span<const int64_t> need,
                  std::span<const PoolBlock> keep = {});
-  // How many pages of class p could be reserved with no other class needing any.
-  int64_t Available(std::span<const BlockPool> pools, size_t p) const;
 
   int64_t num_slabs() const { return static_cast<int64_t>(owner_.size()); }
   int64_t num_unassigned() const { return static_cast<int64_t>(unassigned_.size()); }
@@ -88,11 +86,11 @@ class SlabArena {
   Status ReserveKeeping(std::span<BlockPool> pools, std::span<const int64_t> need);
   // Gives `slab` (unassigned, or empty in pool `from`) to pool p.
   void Move(std::span<BlockPool> pools, int32_t slab, int32_t from, size_t p);
-  // A slab some other pool can give p without dropping below its need: uncaching ones first,
-  // else the oldest-emptied cached one if it is older than `before` (no limit when 0); never a
-  // kept one. -1: none.
-  int32_t Donor(std::span<BlockPool> pools, std::span<const int64_t> need, size_t p,
-                uint64_t before, int32_t& from) const;
+  // A slab some other pool (`from`) can give p without dropping below its need: an uncaching
+  // one first (age 0), else the oldest-emptied cached one (age: when it emptied); never a kept
+  // one. -1: none.
+  int32_t Donor(std::span<BlockPool> pools, std::span<const int64_t> need, size_t p, int32_t& from,
+                uint64_t& age) const;
   int32_t FirstUnkept(const BlockPool& pool, int32_t segment) const;
 
   std::vector<int32_t> pages_per_slab_;
