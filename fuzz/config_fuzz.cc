@@ -21,9 +21,12 @@ void CheckPlan(const hkv::Plan& plan) {
   for (const hkv::TensorView& t : plan.layout.tensors) {
     const hkv::PageClass& c = plan.page_classes.at(static_cast<size_t>(t.page_class));
     if (c.num_pages == 0) continue;
-    const int64_t last_end = t.offset + (c.num_pages - 1) * t.block_stride + t.bytes;
+    // Block ids run 0..num_pages-1 in a class buffer, 1..num_pages over two-level slabs.
+    const int64_t last = plan.arena.enabled() ? c.num_pages : c.num_pages - 1;
+    const int64_t last_end = plan.BlockOffset(t, last) + t.bytes;
+    const int64_t buffer = plan.arena.enabled() ? plan.arena.buffer_bytes() : c.buffer_bytes();
     Require(t.offset >= 0 && t.bytes >= 0, "tensor view has a negative offset or size");
-    Require(last_end <= c.buffer_bytes(), "tensor view leaves its class buffer");
+    Require(last_end <= buffer, "tensor view leaves its buffer");
   }
   const hkv::Footprint f = plan.PlanningFootprint();
   Require(f.ideal_bytes <= f.hybridkv_bytes, "hybridkv allocates less than the ideal");
