@@ -272,6 +272,7 @@ Status KvCacheManager::Impl::Allocate(Request& r, int64_t num_new, const PrefixH
       ReleaseOne(config.groups[gi].pool, h.block, r.retention);
     gs.held.clear();
   }
+  if (!r.started) r.own_from = begin;
   r.started = true;
   r.divergence = divergence;
   r.step_open = true;
@@ -390,6 +391,8 @@ Status KvCacheManager::Impl::Commit(Request& r, int64_t c) {
         }
       }
       Release(pool, to_release, r.retention);
+      // After the release: a demoted checkpoint may be one this step just freed.
+      DemoteBeyondCap(r, g, r.step_begin, publish_limit);
     }
   }
   r.encoder_ready = r.encoder_ready || has_encoder;

@@ -163,6 +163,62 @@ bool KvCacheManager::Impl::IsCheckpoint(const Request& r, int64_t p) const {
   return p == (r.prompt_len - 1) / align * align;
 }
 
+bool KvCacheManager::Impl::IsIntervalOnly(const Request& r, int64_t p) const {
+  return p > 0 && config.checkpoint_interval > 0 && p % config.checkpoint_interval == 0 &&
+         p != r.divergence && p != (r.prompt_len - 1) / align * align;
+}
+
+void KvCacheManager::Impl::DemoteCheckpoint(const Request& r, int32_t group, int64_t p) {
+  BlockPool& bp = pools[static_cast<size_t>(config.groups[static_cast<size_t>(group)].pool)];
+  const int32_t b = bp.Find(StateKey(r, group, p));
+  // Held means some request is about to read it (or holds it as its own state): leave it.
+  if (b > BlockPool::kNullBlock && bp.ref_count(b) == 0) Must(bp.Demote(b));
+}
+
+void KvCacheManager::Impl::DemoteBeyondCap(const Request& r, int32_t group, int64_t begin,
+                                           int64_t end) {
+  const int64_t interval = config.checkpoint_interval;
+  const int64_t cap = config.max_interval_checkpoints;
+  if (!config.demote_superseded_checkpoints || !config.enable_prefix_caching || interval == 0 ||
+      cap == 0) {
+    return;
+  }
+  for (int64_t p = (begin / interval + 1) * interval; p <= end; p += interval) {
+    const int64_t old = p - cap * interval;
+    if (old > r.own_from && IsIntervalOnly(r, p) && IsIntervalOnly(r, old)) {
+      DemoteCheckpoint(r, group, old);
+    }
+  }
+}
+
+void KvCacheManager::Impl::DemoteSupersededCheckpoints(const Request& r, int32_t group,
+                                                       int64_t live_position,
+                                                       int64_t rolling_position) {
+  if (!config.demote_superseded_checkpoints || !config.enable_prefix_caching) return;
+  // The request's final state: the newest of the live one (published at an aligned end), the
+  // rolling one, and the checkpoints its steps passed.
+  const int64_t reached = std::min(r.computed, r.known());
+  const int64_t interval = config.checkpoint_interval;
+  const int64_t prompt_ckpt = (r.prompt_len - 1) / align * align;
+  int64_t final_position = std::max(live_position, rolling_position);
+  if (interval > 0) final_position = std::max(final_position, reached / interval * interval);
+  if (prompt_ckpt <= reached) final_position = std::max(final_position, prompt_ckpt);
+  if (r.divergence <= reached) final_position = std::max(final_position, r.divergence);
+  const auto demote = [&](int64_t p) {
+    if (p > r.own_from && p < final_position && p != r.divergence) DemoteCheckpoint(r, group, p);
+  };
+  demote(prompt_ckpt);
+  demote(rolling_position);
+  if (interval == 0) return;
+  // Older interval checkpoints were demoted by the cap while the request ran.
+  int64_t lo = r.own_from;
+  if (config.max_interval_checkpoints > 0) {
+    lo = std::max(lo, final_position - (config.max_interval_checkpoints + 1) * interval);
+  }
+  for (int64_t p = (lo / interval + 1) * interval; p < final_position; p += interval)
+    demote(p);
+}
+
 NeededBlocks KvCacheManager::Impl::Needed(int32_t group, int64_t x) const {
   const GroupConfig& gc = config.groups[static_cast<size_t>(group)];
   NeededBlocks n;

@@ -56,6 +56,9 @@ struct Request {
   // Where the cached attention prefix went further than any cached state at the first Allocate:
   // the state there is checkpointed, so the next request sharing that prefix hits it.
   int64_t divergence = 0;
+  // Checkpoints at positions after this one were published by this request (before it: by the
+  // request it hit or forked from), so its retention rules may demote them.
+  int64_t own_from = 0;
   int64_t computed = 0;
   int64_t reserved = 0;  // token tables cover [0, reserved)
   bool started = false;  // the first Allocate happened
@@ -121,6 +124,17 @@ struct KvCacheManager::Impl {
   PrefixKey TokenKey(const Request& r, int32_t group, int64_t block) const;
   PrefixKey StateKey(const Request& r, int32_t group, int64_t position) const;
   bool IsCheckpoint(const Request& r, int64_t position) const;
+  // A checkpoint taken only because its position is a multiple of checkpoint_interval.
+  bool IsIntervalOnly(const Request& r, int64_t position) const;
+  // Retention (manager_config.h): demotes the cached, unheld checkpoint of group g at p.
+  void DemoteCheckpoint(const Request& r, int32_t group, int64_t position);
+  // Commit: demotes the interval checkpoints that those published in (begin, end] push beyond
+  // the request's cap.
+  void DemoteBeyondCap(const Request& r, int32_t group, int64_t begin, int64_t end);
+  // Free: demotes the request's checkpoints that its final state supersedes (`live_position`:
+  // where Free published the live state, 0 if it did not).
+  void DemoteSupersededCheckpoints(const Request& r, int32_t group, int64_t live_position,
+                                   int64_t rolling_position);
   manager_internal::NeededBlocks Needed(int32_t group, int64_t x) const;
 
   // Hit search (hit_search.cc).

@@ -111,6 +111,7 @@ Status KvCacheManager::Impl::Fork(const Request& parent, RequestId child) {
   // Copy-assignment reuses the recycled slot's buffers; then undo what must not be shared.
   c = p;
   c.id = child;
+  c.own_from = p.computed;  // what the parent published stays the parent's to demote
   c.reserved = p.computed;
   c.step_open = false;
   c.step_begin = c.step_end = 0;
@@ -185,6 +186,7 @@ void KvCacheManager::Impl::FreeRequest(Request& r) {
     const GroupConfig& gc = config.groups[gi];
     GroupState& gs = r.groups[gi];
     to_release.clear();
+    int64_t live_position = 0, rolling_position = 0;
     if (gc.is_state()) {
       // The states worth keeping for another request: the final one if it sits on an aligned,
       // known position, and the rolling one.
@@ -192,10 +194,12 @@ void KvCacheManager::Impl::FreeRequest(Request& r) {
       if (gs.live != BlockPool::kNullBlock && c > 0 && c % align == 0 && c <= r.known() &&
           !r.step_open) {
         PublishBlock(gc.pool, gs.live, StateKey(r, g, c));
+        live_position = c;
       }
       if (gs.rolling.block != BlockPool::kNullBlock) {
         PublishBlock(gc.pool, gs.rolling.block, StateKey(r, g, gs.rolling.position));
       }
+      rolling_position = gs.rolling.position;
       for (const StateSnapshot& s : gs.snaps)
         to_release.push_back(s.slot);
       if (r.step_open && gs.write != gs.live) to_release.push_back(gs.write);
@@ -211,6 +215,7 @@ void KvCacheManager::Impl::FreeRequest(Request& r) {
       }
     }
     Release(gc.pool, to_release, r.retention);
+    if (gc.is_state()) DemoteSupersededCheckpoints(r, g, live_position, rolling_position);
     gs.Clear();
   }
   r.tokens.clear();
@@ -221,6 +226,7 @@ void KvCacheManager::Impl::FreeRequest(Request& r) {
   r.step_open = false;
   r.started = false;
   r.divergence = 0;
+  r.own_from = 0;
 }
 
 }  // namespace hkv

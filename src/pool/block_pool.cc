@@ -54,8 +54,10 @@ BlockPool::BlockPool(int32_t num_segments, int32_t segment_blocks, bool owned,
     MoveSegment(s, kEmptyUncached);
     num_owned_ += segment_blocks_;
   }
-  for (int32_t b = 1; b < num_blocks(); ++b)
-    Append(b);
+  // At the head (reversed, so in id order): fresh memory is worth nothing cached, and demoted
+  // blocks queue behind it.
+  for (int32_t b = num_blocks() - 1; b >= 1; --b)
+    Prepend(b);
 }
 
 Status BlockPool::CheckSegmentId(int32_t segment, const char* call) const {
@@ -66,7 +68,7 @@ Status BlockPool::CheckSegmentId(int32_t segment, const char* call) const {
   return Status::Ok();
 }
 
-void BlockPool::MoveSegment(int32_t seg, uint8_t list) {
+void BlockPool::MoveSegment(int32_t seg, uint8_t list, bool front) {
   const size_t i = Seg(seg);
   const uint8_t from = seg_list_[i];
   if (from == kEmptyUncached || from == kEmptyCached) {
@@ -82,7 +84,15 @@ void BlockPool::MoveSegment(int32_t seg, uint8_t list) {
     --num_empty_;
   }
   seg_list_[i] = list;
-  if (list == kEmptyUncached || list == kEmptyCached) {
+  if ((list == kEmptyUncached || list == kEmptyCached) && front) {
+    seg_next_[i] = empty_head_[list];
+    if (empty_head_[list] >= 0)
+      seg_prev_[Seg(empty_head_[list])] = seg;
+    else
+      empty_tail_[list] = seg;
+    empty_head_[list] = seg;
+    ++num_empty_;
+  } else if (list == kEmptyUncached || list == kEmptyCached) {
     seg_prev_[i] = empty_tail_[list];
     if (empty_tail_[list] >= 0)
       seg_next_[Seg(empty_tail_[list])] = seg;
@@ -102,9 +112,22 @@ void BlockPool::Released(int32_t b) {
   const int32_t seg = segment_of(b);
   const size_t i = Seg(seg);
   if (--seg_held_[i] == 0) {
-    seg_tick_[i] = *clock_;
-    MoveSegment(seg, seg_cached_[i] > 0 ? kEmptyCached : kEmptyUncached);
+    // A segment emptied by a block freed to the head, holding nothing cached at a later place,
+    // is as old as that block: evicting it first is what the head placement asked for.
+    const bool at_head = tick_[static_cast<size_t>(b)] == 0 && CachedBlocksAtHead(seg);
+    seg_tick_[i] = at_head ? 0 : *clock_;
+    MoveSegment(seg, seg_cached_[i] > 0 ? kEmptyCached : kEmptyUncached, at_head);
   }
+}
+
+bool BlockPool::CachedBlocksAtHead(int32_t seg) const {
+  if (seg_cached_[Seg(seg)] == 0) return true;
+  const int32_t first = seg * segment_blocks_ + 1;
+  for (int32_t b = first; b < first + segment_blocks_; ++b) {
+    const size_t i = static_cast<size_t>(b);
+    if (has_key_[i] && tick_[i] != 0) return false;
+  }
+  return true;
 }
 
 void BlockPool::SegmentCached(int32_t b, int delta) {
@@ -134,6 +157,7 @@ void BlockPool::Unlink(int32_t b) {
     prev_[static_cast<size_t>(next_[i])] = prev_[i];
   else
     tail_ = prev_[i];
+  if (head_run_end_ == b) head_run_end_ = prev_[i];
   prev_[i] = next_[i] = -1;
   on_list_[i] = 0;
   --num_free_;
@@ -164,6 +188,28 @@ void BlockPool::Prepend(int32_t b) {
   else
     tail_ = b;
   head_ = b;
+  if (head_run_end_ < 0) head_run_end_ = b;
+  on_list_[i] = 1;
+  ++num_free_;
+  num_free_cached_ += has_key_[i];
+  tick_[i] = 0;
+}
+
+void BlockPool::InsertAfterHeadRun(int32_t b) {
+  if (head_run_end_ < 0) {
+    Prepend(b);
+    return;
+  }
+  const size_t i = static_cast<size_t>(b);
+  const int32_t after = head_run_end_;
+  prev_[i] = after;
+  next_[i] = next_[static_cast<size_t>(after)];
+  if (next_[i] >= 0)
+    prev_[static_cast<size_t>(next_[i])] = b;
+  else
+    tail_ = b;
+  next_[static_cast<size_t>(after)] = b;
+  head_run_end_ = b;
   on_list_[i] = 1;
   ++num_free_;
   num_free_cached_ += has_key_[i];
@@ -231,6 +277,25 @@ Status BlockPool::Publish(int32_t block, const PrefixKey& key) {
   has_key_[i] = 1;
   SegmentCached(block, +1);
   Record(KvEvent::Kind::kStored, key, block);
+  return Status::Ok();
+}
+
+Status BlockPool::Demote(int32_t block) {
+  HKV_RETURN_IF_ERROR(CheckBlockId(block, "demote"));
+  const size_t i = static_cast<size_t>(block);
+  if (!on_list_[i]) {
+    return Status::FailedPrecondition(
+        fmt::format("demote: block {} is {}: only free blocks can be demoted", block,
+                    ref_[i] > 0 ? "held" : "not owned by this pool"));
+  }
+  Unlink(block);
+  InsertAfterHeadRun(block);
+  const int32_t seg = segment_of(block);
+  const size_t s = Seg(seg);
+  if (seg_held_[s] == 0 && seg_list_[s] != kUnowned && CachedBlocksAtHead(seg)) {
+    seg_tick_[s] = 0;
+    MoveSegment(seg, seg_list_[s], true);
+  }
   return Status::Ok();
 }
 
@@ -342,17 +407,31 @@ Status BlockPool::CheckInvariants() const {
   // Walk the free list: links agree in both directions, no block twice, only free blocks.
   int32_t walked = 0;
   int32_t previous = -1;
+  int32_t head_run_end = -1;
   for (int32_t b = head_; b >= 0; b = next_[static_cast<size_t>(b)]) {
     const size_t i = static_cast<size_t>(b);
     if (b <= kNullBlock || b >= num_blocks()) return fail(fmt::format("free list holds id {}", b));
     if (!on_list_[i]) return fail(fmt::format("block {} is linked but not marked free", b));
     if (prev_[i] != previous) return fail(fmt::format("block {} has a broken back link", b));
+    if (tick_[i] == 0) {
+      if (head_run_end != previous) {
+        return fail(
+            fmt::format("block {} was queued at the head but follows a block queued at "
+                        "the tail",
+                        b));
+      }
+      head_run_end = b;
+    }
     if (ref_[i] != 0)
       return fail(fmt::format("block {} is on the free list with ref {}", b, ref_[i]));
     if (++walked > num_blocks()) return fail("the free list has a cycle");
     previous = b;
   }
   if (previous != tail_) return fail("the free list's tail is not its last block");
+  if (head_run_end != head_run_end_) {
+    return fail(fmt::format("the blocks queued at the head end at {}, not at {}", head_run_end,
+                            head_run_end_));
+  }
   if (walked != num_free_) {
     return fail(fmt::format("{} blocks on the free list but num_free is {}", walked, num_free_));
   }

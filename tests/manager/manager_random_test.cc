@@ -165,6 +165,14 @@ std::vector<ShapeCase> Shapes() {
   s.push_back({"Jamba_state", [] { return FromModel("ai21labs--Jamba-v0.1"); }, {}});
   s.push_back(
       {"Bamba_state_ckpt128", [] { return FromModel("ibm-ai-platform--Bamba-9B", 0, 128); }, {}});
+  // Without retention's demotions the fake engine checks the state pool's free-list order too.
+  s.push_back({"Bamba_state_ckpt128_lru",
+               [] {
+                 std::optional<ManagerConfig> c = FromModel("ibm-ai-platform--Bamba-9B", 0, 128);
+                 if (c) c->demote_superseded_checkpoints = false;
+                 return c;
+               },
+               {}});
   s.push_back({"Qwen3Next_deltanet_ckpt64",
                [] { return FromModel("Qwen--Qwen3-Next-80B-A3B-Instruct", 0, 64); },
                {}});

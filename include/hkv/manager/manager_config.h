@@ -14,6 +14,12 @@
 //   aligned position before a prompt's end, at the last aligned position a request reached
 //   (kept rolling), and after every speculative token of a step. Checkpoint positions are always
 //   multiples of align_tokens except the speculative ones, which are private to their request.
+// - Checkpoint retention: a checkpoint that can no longer be the best hit for the prefix it
+//   covers is demoted (kept, still hittable, but first in the eviction order, so it never displaces
+//   memory worth more). When a request ends, that is every checkpoint it published before its
+//   final state, except where it diverged from a cached prefix (a branch point, which other
+//   requests share); while it runs, interval checkpoints beyond its newest
+//   `max_interval_checkpoints`.
 #pragma once
 
 #include <cstdint>
@@ -55,6 +61,8 @@ struct ManagerConfig {
   int64_t max_encoder_tokens = 0;   // most encoder tokens a request may bring (cross attention)
   int32_t state_align_tokens = 16;  // hit granularity when no group keeps tokens
   int64_t checkpoint_interval = 0;  // recurrent checkpoints every this many tokens; 0: none
+  bool demote_superseded_checkpoints = true;  // false: every checkpoint keeps its LRU place
+  int32_t max_interval_checkpoints = 4;       // per request, not demoted while it runs; 0: all
   bool enable_prefix_caching = true;
   bool drop_last_hit_block = false;  // speculative decoding (EAGLE/MTP): hits end one unit early
   // Free releases the token blocks of all groups sharing a pool in one tail-first order by

@@ -74,6 +74,13 @@ class BlockPool {
   // Blocks that become free are queued for eviction in the order listed, at the tail or, with
   // Retention::kLow, at the head of the free list.
   Status Free(std::span<const int32_t> blocks, Retention retention = Retention::kNormal);
+  // Moves a free block ahead of every block freed to the tail, behind those freed to the head
+  // (blocks worth nothing are still reused first), keeping its prefix identity: it still serves
+  // hits, but is evicted before every block of normal retention. A segment left with no held block
+  // whose cached blocks all sit at the head moves to the front of its empty-segment list, so the
+  // arena also gives it to another class before older memory. Errors (nothing changed): bad id, a
+  // held or dormant block.
+  Status Demote(int32_t block);
   // Drops every prefix identity (held and free blocks alike) and emits one `cleared` event.
   void ResetPrefixCache();
 
@@ -138,13 +145,18 @@ class BlockPool {
   void Unlink(int32_t block);
   void Append(int32_t block);
   void Prepend(int32_t block);
+  void InsertAfterHeadRun(int32_t block);  // tick 0, after the blocks queued at the head
   void DropIdentity(int32_t block);
   void Record(KvEvent::Kind kind, const PrefixKey& key, int32_t block);
   // Reference transitions 0 -> 1 and 1 -> 0, and identity changes, as seen by the segments.
   void Held(int32_t block);
   void Released(int32_t block);
   void SegmentCached(int32_t block, int delta);
-  void MoveSegment(int32_t segment, uint8_t list);  // onto the tail of `list` (or off all lists)
+  // Onto the tail of `list` (or off all lists); `front`: onto its head instead.
+  void MoveSegment(int32_t segment, uint8_t list, bool front = false);
+  // Whether every cached free block of an empty segment was queued at the head (tick 0): the
+  // segment is then worth no more than plain free memory of that age and sorts first.
+  bool CachedBlocksAtHead(int32_t segment) const;
 
   std::vector<int32_t> ref_;
   std::vector<int32_t> prev_, next_;  // free-list links, -1 at the ends
@@ -152,6 +164,9 @@ class BlockPool {
   std::vector<PrefixKey> key_;
   std::vector<uint8_t> has_key_;
   int32_t head_ = -1, tail_ = -1, num_free_ = 0;
+  // Blocks queued at the head (tick 0) always precede those queued at the tail; this is the last
+  // of them (-1: none), after which Demote queues.
+  int32_t head_run_end_ = -1;
   PrefixIndex index_;
   bool record_events_ = true;
   std::vector<KvEvent> events_;
