@@ -221,7 +221,11 @@ Result<bool> Engine::RunStep(Live& r, int64_t computed, int64_t n,
   r.started = true;
   if (hit.tokens > 0) {
     counters_.prefix_hit_tokens += hit.tokens;
-    if (has_state_) ++counters_.checkpoint_hits;
+    if (has_state_) {
+      ++counters_.checkpoint_hits;
+      if (counters_.shortest_checkpoint_hit == 0 || hit.tokens < counters_.shortest_checkpoint_hit)
+        counters_.shortest_checkpoint_hit = hit.tokens;
+    }
   }
   if (hit.encoder) ++counters_.cross_attention_reuses;
   HKV_ASSIGN_OR_RETURN(const StepInfo step, manager_->Step(id));

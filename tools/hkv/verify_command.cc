@@ -47,11 +47,13 @@ int RunVerifyCommand(const VerifyArgs& args, std::ostream& out, std::ostream& er
     j["completed"] = r.completed;
     j["mismatches"] = r.mismatches;
     j["max_logit_diff"] = r.max_logit_diff;
+    j["padded_block_tokens"] = r.padded_block_tokens;
     j["features"] = {{"prefix_hit_tokens", f.prefix_hit_tokens},
                      {"preemptions", f.preemptions},
                      {"forks", f.forks},
                      {"truncations", f.truncations},
                      {"checkpoint_hits", f.checkpoint_hits},
+                     {"shortest_checkpoint_hit", f.shortest_checkpoint_hit},
                      {"window_blocks_freed", f.window_blocks_freed},
                      {"cross_attention_reuses", f.cross_attention_reuses},
                      {"drafts_accepted", f.drafts_accepted},
@@ -68,6 +70,11 @@ int RunVerifyCommand(const VerifyArgs& args, std::ostream& out, std::ostream& er
         "  drafts accepted {}  rejected {}\n",
         f.prefix_hit_tokens, f.preemptions, f.forks, f.truncations, f.checkpoint_hits,
         f.window_blocks_freed, f.cross_attention_reuses, f.drafts_accepted, f.drafts_rejected);
+    if (r.padded_block_tokens > 0) {
+      out << fmt::format(
+          "  shortest checkpoint hit {} tokens (a padded allocator's block: {} tokens)\n",
+          f.shortest_checkpoint_hit, r.padded_block_tokens);
+    }
   }
   return r.mismatches == 0 && r.completed ? 0 : 1;
 }

@@ -75,6 +75,7 @@ struct EngineCounters {
   int64_t forks = 0;
   int64_t truncations = 0;
   int64_t checkpoint_hits = 0;  // hits on a model with recurrent state (they land on checkpoints)
+  int64_t shortest_checkpoint_hit = 0;  // fewest tokens one of those hits reused (0: none)
   int64_t window_blocks_freed = 0;
   int64_t cross_attention_reuses = 0;  // requests that started on cached encoder K/V
   int64_t drafts_accepted = 0, drafts_rejected = 0;

@@ -37,7 +37,10 @@ struct VerifyReport {
   float max_logit_diff = 0.0f;
   EngineCounters features;
   int64_t slabs_reclaimed = 0;  // two-level plans: slabs that moved from one class to another
-  bool completed = false;       // every request finished within max_steps
+  // Recurrent models: the attention block vLLM's one-page-size (padded) allocator would need for
+  // this scaled model in the same budget; a recurrent hit shorter than it exists only here.
+  int32_t padded_block_tokens = 0;
+  bool completed = false;  // every request finished within max_steps
 };
 
 Result<VerifyReport> RunVerify(const ModelSpec& real, const VerifyOptions& options);
