@@ -247,20 +247,24 @@ Status SlabArena::PlanCompaction(std::span<const BlockPool> pools, int32_t pool,
   if (k == 0) return Status::Ok();
   // Destinations: uncached free pages of the fullest slabs first (filling them is what removes
   // stranding), then cached ones, oldest first (the cheapest cache to lose).
+  // The walk stops once every page has a destination: emptying a few slabs does not walk every
+  // page of a large class.
   dest_.clear();
-  cached_dest_.clear();
-  for (size_t i = candidates_.size(); i-- > k;) {
+  for (size_t i = candidates_.size(); i-- > k && static_cast<int64_t>(dest_.size()) < moving;) {
     const int32_t first = candidates_[i] * per + 1;
-    for (int32_t b = first; b < first + per; ++b) {
-      if (bp.ref_count(b) != 0) continue;
-      if (bp.has_identity(b)) {
-        cached_dest_.emplace_back(bp.free_tick(b), b);
-      } else {
-        dest_.push_back(b);
-      }
+    for (int32_t b = first; b < first + per && static_cast<int64_t>(dest_.size()) < moving; ++b) {
+      if (bp.ref_count(b) == 0 && !bp.has_identity(b)) dest_.push_back(b);
     }
   }
   if (static_cast<int64_t>(dest_.size()) < moving) {
+    cached_dest_.clear();
+    for (size_t i = k; i < candidates_.size(); ++i) {
+      const int32_t first = candidates_[i] * per + 1;
+      for (int32_t b = first; b < first + per; ++b) {
+        if (bp.ref_count(b) == 0 && bp.has_identity(b))
+          cached_dest_.emplace_back(bp.free_tick(b), b);
+      }
+    }
     std::sort(cached_dest_.begin(), cached_dest_.end());
     for (const auto& [tick, b] : cached_dest_) {
       if (static_cast<int64_t>(dest_.size()) == moving) break;
