@@ -156,5 +156,50 @@ void BM_StepSlabMoves(benchmark::State& state) {
 }
 BENCHMARK(BM_StepSlabMoves);
 
+// Compacting one slab, beside BM_StepTwoLevel's allocation (same Bamba-9B shape; items are
+// pages, so items/s compare a page moved with a page allocated). Half of memory is full slabs of
+// attention pages and a few of states; one slab holds range(0) attention pages and another has
+// that many free: each iteration plans (PlanCompaction, one slab) and performs the moves
+// (Compact). Untimed, the moved pages are freed and the returned slab carved and filled again,
+// which restores the same layout.
+void BM_CompactOneSlab(benchmark::State& state) {
+  const std::vector<int32_t> per = {316, 1};
+  const auto held = static_cast<int32_t>(state.range(0));
+  SlabArena arena = SlabArena::Create(275, per).value();
+  std::vector<BlockPool> pools = arena.MakePools(false).value();
+  std::vector<int32_t> background, states, partial, victim;
+  if (!arena.Reserve(pools, std::vector<int64_t>{137 * 316, 0}).ok()) std::abort();
+  (void)pools[0].Allocate(137 * 316, background);
+  if (!arena.Reserve(pools, std::vector<int64_t>{0, 40}).ok()) std::abort();
+  (void)pools[1].Allocate(40, states);
+  // The receiving slab: full but for `held` pages. Then the victim: `held` pages of a fresh slab.
+  if (!arena.Reserve(pools, std::vector<int64_t>{316, 0}).ok()) std::abort();
+  (void)pools[0].Allocate(316 - held, partial);
+  const auto refill = [&] {
+    const int64_t free_pages = pools[0].num_free();
+    if (!arena.Reserve(pools, std::vector<int64_t>{free_pages + 1, 0}).ok()) std::abort();
+    victim.clear();
+    (void)pools[0].Allocate(held, victim);  // the new slab's pages are first in line
+  };
+  refill();
+  CompactionPlan plan;
+  int64_t moves = 0;
+  for (auto _ : state) {
+    plan.clear();
+    if (!arena.PlanCompaction(pools, 0, 1, plan).ok() || plan.slabs.size() != 1) std::abort();
+    if (!arena.Compact(pools, plan).ok()) std::abort();
+    moves += static_cast<int64_t>(plan.moves.size());
+    state.PauseTiming();
+    victim.clear();
+    for (const PageMove& m : plan.moves)
+      victim.push_back(m.dst);
+    (void)pools[0].Free(victim, Retention::kLow);
+    refill();
+    state.ResumeTiming();
+  }
+  state.SetItemsProcessed(moves);
+}
+BENCHMARK(BM_CompactOneSlab)->Arg(158)->Arg(16);
+
 }  // namespace
 }  // namespace hkv

@@ -1,10 +1,10 @@
 // libFuzzer target: bytes become a small manager config (full attention, windows, chunks,
-// recurrent state, cross attention, and mixes) and a sequence of engine calls on request ids
-// 0..7, so unknown ids, double frees, open steps and out-of-range counts come up as often as
-// valid calls. The calls go through the content-tracking FakeEngine, which checks after every one
-// CheckInvariants, success or refusal as the contract demands, nothing changed on refusal, and
-// the exact content every step reads. Any violation is printed with the calls before it and
-// traps.
+// recurrent state, cross attention, mixes, and two-level memory with compaction) and a sequence of
+// engine calls on request ids 0..7, so unknown ids, double frees, open steps and out-of-range
+// counts come up as often as valid calls. The calls go through the content-tracking FakeEngine,
+// which checks after every one CheckInvariants, success or refusal as the contract demands, nothing
+// changed on refusal, and the exact content every step reads. Any violation is printed with the
+// calls before it and traps.
 #include <cstdint>
 #include <cstdio>
 #include <limits>
@@ -70,6 +70,13 @@ ManagerConfig Config(int choice, uint8_t flags) {
                   Group(K::kState, 0, 2), Group(K::kEncoder, 4, 1)};
       c.checkpoint_interval = 8;
       c.max_encoder_tokens = 16;
+      break;
+    case 6:  // two-level memory: 6 slabs of 4 token pages or 2 states, compacted now and then
+      c.arena.num_slabs = 6;
+      c.arena.pages_per_slab = {4, 2};
+      c.pool_blocks = {6 * 4 + 1, 6 * 2 + 1};
+      c.groups = {Group(K::kAll, 4, 0), Group(K::kWindow, 4, 0, 6, 1), Group(K::kState, 0, 1)};
+      c.checkpoint_interval = 8;
       break;
     default:
       c.pool_blocks = {10};
@@ -144,7 +151,7 @@ void Accept(FakeEngine& engine, FuzzedDataProvider& in, RequestId id) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FuzzedDataProvider in(data, size);
   const ManagerConfig config =
-      Config(in.ConsumeIntegralInRange(0, 6), in.ConsumeIntegral<uint8_t>());
+      Config(in.ConsumeIntegralInRange(0, 7), in.ConsumeIntegral<uint8_t>());
   hkv::Result<hkv::KvCacheManager> manager = hkv::KvCacheManager::Create(config);
   if (!manager.ok()) Trap("a fixed config was refused: " + manager.status().ToString());
   bool encoder = false;
@@ -160,7 +167,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const auto id = [&] { return in.ConsumeIntegralInRange<RequestId>(0, 7); };
 
   for (int op = 0; op < 400 && in.remaining_bytes() > 0; ++op) {
-    switch (in.ConsumeIntegralInRange(0, 13)) {
+    switch (in.ConsumeIntegralInRange(0, 14)) {
       case 0: {
         const RequestId r = id();
         (void)engine.Add(NewRequest(in, r, encoder));
@@ -230,6 +237,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         break;
       case 12:
         engine.AuditAll();
+        break;
+      case 14:  // refused with a step open or a limit of 0; a no-op without two-level memory
+        (void)engine.Compact(in.ConsumeIntegralInRange<int64_t>(0, 3));
         break;
       default: {  // counts far out of range
         const RequestId r = id();

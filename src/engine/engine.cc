@@ -115,6 +115,31 @@ Status Engine::AfterManagerCall() {
   return options_.poison_free_blocks ? cache_.PoisonFreeBlocks(*manager_) : Status::Ok();
 }
 
+Status Engine::MaybeCompact() {
+  if (!options_.compact || !manager_->config().arena.enabled()) return Status::Ok();
+  const ArenaUsage u = manager_->Arena();
+  const std::vector<int32_t>& per = manager_->config().arena.pages_per_slab;
+  bool due = false;
+  for (size_t c = 0; c < u.classes.size(); ++c) {
+    const ArenaClassUsage& k = u.classes[c];
+    // A slab's worth of stranded pages is worth its page copies at any time. After a refusal,
+    // a slab's worth of free pages in slabs the class holds is worth emptying a slab even if
+    // some of them cache a prefix: losing that cache is cheaper than preempting a request.
+    const int64_t in_held_slabs = k.free_pages - k.empty_slabs * per[c];
+    due =
+        due || k.stranded_pages >= per[c] || (refused_since_compaction_ && in_held_slabs >= per[c]);
+  }
+  refused_since_compaction_ = false;
+  if (!due) return Status::Ok();
+  HKV_ASSIGN_OR_RETURN(const CompactionResult r, manager_->Compact(u.num_slabs));
+  cache_.ApplyMoves(r.moves);
+  HKV_RETURN_IF_ERROR(AfterManagerCall());
+  counters_.compactions += r.slabs.empty() ? 0 : 1;
+  counters_.pages_moved += static_cast<int64_t>(r.moves.size());
+  counters_.slabs_compacted += static_cast<int64_t>(r.slabs.size());
+  return Status::Ok();
+}
+
 int64_t Engine::WindowNulls(RequestId id) const {
   int64_t nulls = 0;
   const auto& groups = manager_->config().groups;
@@ -201,6 +226,7 @@ Result<bool> Engine::RunStep(Live& r, int64_t computed, int64_t n,
       HKV_RETURN_IF_ERROR(AfterManagerCall());
       break;
     }
+    refused_since_compaction_ = true;
     if (running_.back().get() != &r) {
       HKV_RETURN_IF_ERROR(Preempt(running_.back().get()));
       continue;
@@ -286,6 +312,8 @@ Result<bool> Engine::RunStep(Live& r, int64_t computed, int64_t n,
 
 Status Engine::Step() {
   ++counters_.steps;
+  // No step is open between scheduler steps: pages may move now, before anything reads them.
+  HKV_RETURN_IF_ERROR(MaybeCompact());
   // Admit a couple of waiting requests per step, none right after a step that had to preempt:
   // memory is short, and a request admitted now would only be preempted again.
   for (int admitted = 0;

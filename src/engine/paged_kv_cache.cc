@@ -71,6 +71,11 @@ Result<PagedKvCache> PagedKvCache::Create(const Plan& plan) {
     if (v.name == "conv") lt.conv = static_cast<int32_t>(t);
     if (v.name == "ssm") lt.ssm = static_cast<int32_t>(t);
   }
+  c.class_tensors_.resize(plan.page_classes.size());
+  for (size_t t = 0; t < plan.layout.tensors.size(); ++t) {
+    const auto pc = static_cast<size_t>(plan.layout.tensors[t].page_class);
+    c.class_tensors_[pc].push_back(static_cast<int32_t>(t));
+  }
   c.address_.resize(plan.model.layers.size());
   for (size_t l = 0; l < plan.model.layers.size(); ++l) {
     const LayerTensors& lt = c.tensors_[l];
@@ -107,6 +112,15 @@ void PagedKvCache::ApplyCopies(std::span<const BlockCopy> copies) {
         const TensorView& v = plan_.layout.tensors[static_cast<size_t>(t)];
         std::memmove(BlockOf(t, c.dst), BlockOf(t, c.src), static_cast<size_t>(v.bytes));
       }
+    }
+  }
+}
+
+void PagedKvCache::ApplyMoves(std::span<const PageMove> moves) {
+  for (const PageMove& m : moves) {
+    for (int32_t t : class_tensors_[static_cast<size_t>(m.pool)]) {
+      const TensorView& v = plan_.layout.tensors[static_cast<size_t>(t)];
+      std::memcpy(BlockOf(t, m.dst), BlockOf(t, m.src), static_cast<size_t>(v.bytes));
     }
   }
 }

@@ -105,6 +105,7 @@ Result<VerifyReport> RunVerify(const ModelSpec& real, const VerifyOptions& o) {
   eo.draft_tokens = 2;
   eo.poison_free_blocks = true;
   eo.lookahead = 2;
+  eo.compact = o.compact;
   HKV_ASSIGN_OR_RETURN(auto engine, Engine::Create(spec, weights, plan, config, eo));
 
   SplitMix64 rng(o.seed);

@@ -123,6 +123,14 @@ Status KvCacheManager::Impl::CheckInvariants() const {
       return Status::FailedPrecondition(fmt::format("invariant: pool {}: {}", p, s.message()));
     }
   }
+  for (size_t p = 0; p < moved_to.size(); ++p) {
+    for (int32_t b : moved_to[p]) {
+      if (b != BlockPool::kNullBlock) {
+        return Status::FailedPrecondition(
+            fmt::format("invariant: pool {}: Compact left a page mapped to page {}", p, b));
+      }
+    }
+  }
   if (arena.num_slabs() > 0) {
     Status s = arena.CheckInvariants(pools);
     if (!s.ok()) return Status::FailedPrecondition(fmt::format("invariant: {}", s.message()));

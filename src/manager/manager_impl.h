@@ -158,6 +158,7 @@ struct KvCacheManager::Impl {
   Result<TruncateResult> Truncate(Request& r, int64_t n);
   Status Fork(const Request& parent, RequestId child);
   void FreeRequest(Request& r);
+  Result<CompactionResult> Compact(int64_t max_slabs_per_class);  // compaction.cc
   void ReleaseTokenBlocksCoherently(Request& r);
   Status CheckInvariants() const;
 
@@ -168,9 +169,11 @@ struct KvCacheManager::Impl {
   int32_t align = 1;
   bool has_encoder = false;
   std::vector<BlockPool> pools;
-  SlabArena arena;                  // two-level memory (config.arena); unused otherwise
-  std::vector<PoolBlock> hit_keep;  // Allocate: free hit blocks whose slabs must stay
-  std::vector<Request> requests;    // slots, recycled
+  SlabArena arena;                             // two-level memory (config.arena); unused otherwise
+  std::vector<PoolBlock> hit_keep;             // Allocate: free hit blocks whose slabs must stay
+  CompactionPlan compaction;                   // Compact: the arena's plan, reused
+  std::vector<std::vector<int32_t>> moved_to;  // Compact: per pool, page -> new page (0: none)
+  std::vector<Request> requests;               // slots, recycled
   std::vector<int32_t> free_slots;
   manager_internal::RequestTable index;
   ManagerStats stats;

@@ -339,6 +339,52 @@ Status BlockPool::Free(std::span<const int32_t> blocks, Retention retention) {
   return Status::Ok();
 }
 
+Status BlockPool::MoveHeld(int32_t src, int32_t dst) {
+  HKV_RETURN_IF_ERROR(CheckBlockId(src, "move held"));
+  HKV_RETURN_IF_ERROR(CheckBlockId(dst, "move held"));
+  const size_t s = static_cast<size_t>(src), d = static_cast<size_t>(dst);
+  if (src == dst) {
+    return Status::InvalidArgument(
+        fmt::format("move held: block {} is both source and destination", src));
+  }
+  if (ref_[s] == 0) {
+    return Status::FailedPrecondition(fmt::format(
+        "move held: source block {} is {}: only held blocks move", src,
+        segment_owned(segment_of(src)) ? "free" : "in a segment this pool does not own"));
+  }
+  if (!segment_owned(segment_of(dst))) {
+    return Status::FailedPrecondition(fmt::format(
+        "move held: destination block {} is in segment {}, which this pool does not own", dst,
+        segment_of(dst)));
+  }
+  if (ref_[d] != 0) {
+    return Status::FailedPrecondition(fmt::format(
+        "move held: destination block {} is held ({} reference(s)): expected a free block", dst,
+        ref_[d]));
+  }
+  Unlink(dst);
+  DropIdentity(dst);
+  ref_[d] = ref_[s];
+  Held(dst);
+  if (has_key_[s]) {
+    // Removed before stored: a consumer keyed by prefix never sees the key on two blocks.
+    const PrefixKey key = key_[s];
+    index_.Erase(key);
+    has_key_[s] = 0;
+    SegmentCached(src, -1);
+    Record(KvEvent::Kind::kRemoved, key, src);
+    index_.Insert(key, dst);
+    key_[d] = key;
+    has_key_[d] = 1;
+    SegmentCached(dst, +1);
+    Record(KvEvent::Kind::kStored, key, dst);
+  }
+  ref_[s] = 0;
+  Prepend(src);  // worthless now: reused before anything cached
+  Released(src);
+  return Status::Ok();
+}
+
 void BlockPool::ResetPrefixCache() {
   index_.Clear();
   std::fill(has_key_.begin(), has_key_.end(), 0);

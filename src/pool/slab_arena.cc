@@ -28,6 +28,7 @@ Result<SlabArena> SlabArena::Create(int64_t num_slabs, std::span<const int32_t> 
   a.owner_.assign(static_cast<size_t>(num_slabs), -1);
   a.kept_.assign(static_cast<size_t>(num_slabs), 0);
   a.kept_empty_.assign(pages_per_slab.size(), 0);
+  a.slab_moves_.assign(static_cast<size_t>(num_slabs), -1);
   a.unassigned_.reserve(static_cast<size_t>(num_slabs));
   // A stack popped from the back: slab 0 is handed out first.
   for (int64_t s = num_slabs - 1; s >= 0; --s)
@@ -201,12 +202,200 @@ Status SlabArena::ReserveKeeping(std::span<BlockPool> pools, std::span<const int
   return Status::Ok();
 }
 
+Status SlabArena::PlanCompaction(std::span<const BlockPool> pools, int32_t pool, int64_t max_slabs,
+                                 CompactionPlan& plan) {
+  if (pools.size() != pages_per_slab_.size() || pool < 0 ||
+      static_cast<size_t>(pool) >= pools.size() || max_slabs < 0) {
+    return Status::InvalidArgument(
+        fmt::format("plan compaction: class {} of {} pools ({} classes), at most {} slabs: "
+                    "expected an existing class and a limit >= 0",
+                    pool, pools.size(), pages_per_slab_.size(), max_slabs));
+  }
+  HKV_RETURN_IF_ERROR(CheckShapes(pools, "plan compaction"));
+  const BlockPool& bp = pools[static_cast<size_t>(pool)];
+  const int32_t per = pages_per_slab_[static_cast<size_t>(pool)];
+  // Only partly held slabs take part: full ones have nowhere to receive pages, empty ones are
+  // shared memory already.
+  candidates_.clear();
+  for (int32_t seg = 0; seg < bp.num_segments(); ++seg) {
+    if (!bp.segment_owned(seg)) continue;
+    const int32_t held = bp.segment_held(seg);
+    if (held > 0 && held < per) candidates_.push_back(seg);
+  }
+  // Fewest held pages first (cheapest to empty), then fewest identities (least cache lost).
+  std::sort(candidates_.begin(), candidates_.end(), [&](int32_t a, int32_t b) {
+    const int32_t ha = bp.segment_held(a), hb = bp.segment_held(b);
+    if (ha != hb) return ha < hb;
+    const int32_t ca = bp.segment_cached(a), cb = bp.segment_cached(b);
+    return ca != cb ? ca < cb : a < b;
+  });
+  // Victims are a prefix of that order: the first k, as long as their held pages fit in the
+  // free pages of the slabs after them. Held grows and room shrinks with k, so the feasible k
+  // are 0..kmax.
+  int64_t room = 0;
+  for (int32_t seg : candidates_)
+    room += per - bp.segment_held(seg);
+  int64_t moving = 0;
+  size_t k = 0;
+  while (k < candidates_.size() && static_cast<int64_t>(k) < max_slabs) {
+    const int32_t held = bp.segment_held(candidates_[k]);
+    if (moving + held > room - (per - held)) break;
+    moving += held;
+    room -= per - held;
+    ++k;
+  }
+  if (k == 0) return Status::Ok();
+  // Destinations: uncached free pages of the fullest slabs first (filling them is what removes
+  // stranding), then cached ones, oldest first (the cheapest cache to lose).
+  // The walk stops once every page has a destination: emptying a few slabs does not walk every
+  // page of a large class.
+  dest_.clear();
+  for (size_t i = candidates_.size(); i-- > k && static_cast<int64_t>(dest_.size()) < moving;) {
+    const int32_t first = candidates_[i] * per + 1;
+    for (int32_t b = first; b < first + per && static_cast<int64_t>(dest_.size()) < moving; ++b) {
+      if (bp.ref_count(b) == 0 && !bp.has_identity(b)) dest_.push_back(b);
+    }
+  }
+  if (static_cast<int64_t>(dest_.size()) < moving) {
+    cached_dest_.clear();
+    for (size_t i = k; i < candidates_.size(); ++i) {
+      const int32_t first = candidates_[i] * per + 1;
+      for (int32_t b = first; b < first + per; ++b) {
+        if (bp.ref_count(b) == 0 && bp.has_identity(b))
+          cached_dest_.emplace_back(bp.free_tick(b), b);
+      }
+    }
+    std::sort(cached_dest_.begin(), cached_dest_.end());
+    for (const auto& [tick, b] : cached_dest_) {
+      if (static_cast<int64_t>(dest_.size()) == moving) break;
+      dest_.push_back(b);
+    }
+  }
+  size_t next = 0;
+  for (size_t i = 0; i < k; ++i) {
+    const int32_t slab = candidates_[i];
+    const int32_t first = slab * per + 1;
+    for (int32_t b = first; b < first + per; ++b) {
+      if (bp.ref_count(b) > 0) plan.moves.push_back({pool, b, dest_[next++]});
+    }
+    plan.slabs.push_back(slab);
+  }
+  return Status::Ok();
+}
+
+Status SlabArena::CheckShapes(std::span<const BlockPool> pools, const char* call) const {
+  if (pools.size() != pages_per_slab_.size()) {
+    return Status::InvalidArgument(
+        fmt::format("{}: {} pools for {} classes", call, pools.size(), pages_per_slab_.size()));
+  }
+  for (size_t p = 0; p < pools.size(); ++p) {
+    if (pools[p].num_segments() != num_slabs() || pools[p].segment_blocks() != pages_per_slab_[p]) {
+      return Status::InvalidArgument(
+          fmt::format("{}: pool {} is not segmented as class {} of this arena", call, p, p));
+    }
+  }
+  return Status::Ok();
+}
+
+Status SlabArena::CheckPlan(std::span<const BlockPool> pools, const CompactionPlan& plan) {
+  const auto bad = [](std::string what) { return Status::InvalidArgument("compact: " + what); };
+  for (int32_t slab : plan.slabs) {
+    if (slab < 0 || slab >= num_slabs() || owner_[static_cast<size_t>(slab)] < 0) {
+      return bad(fmt::format("slab {} is not owned by any class", slab));
+    }
+    int32_t& listed = slab_moves_[static_cast<size_t>(slab)];
+    if (listed >= 0) return bad(fmt::format("slab {} is listed twice", slab));
+    listed = 0;
+  }
+  for (const PageMove& m : plan.moves) {
+    if (m.pool < 0 || static_cast<size_t>(m.pool) >= pools.size()) {
+      return bad(fmt::format("a move names pool {} of {}", m.pool, pools.size()));
+    }
+    const BlockPool& bp = pools[static_cast<size_t>(m.pool)];
+    if (m.src < 1 || m.src >= bp.num_blocks() || m.dst < 1 || m.dst >= bp.num_blocks()) {
+      return bad(fmt::format("move {} -> {} of pool {}: blocks are 1 to {}", m.src, m.dst, m.pool,
+                             bp.num_blocks() - 1));
+    }
+    const int32_t from = bp.segment_of(m.src), to = bp.segment_of(m.dst);
+    if (slab_moves_[static_cast<size_t>(from)] < 0 || owner_[static_cast<size_t>(from)] != m.pool) {
+      return bad(fmt::format("move {} -> {}: slab {} of the source is not listed for pool {}",
+                             m.src, m.dst, from, m.pool));
+    }
+    if (owner_[static_cast<size_t>(to)] != m.pool || slab_moves_[static_cast<size_t>(to)] >= 0) {
+      return bad(fmt::format(
+          "move {} -> {}: the destination's slab {} is {}", m.src, m.dst, to,
+          owner_[static_cast<size_t>(to)] != m.pool ? "not owned by the pool" : "being emptied"));
+    }
+    if (bp.ref_count(m.src) == 0 || bp.ref_count(m.dst) != 0) {
+      return bad(
+          fmt::format("move {} -> {} of pool {}: the source must be held and the "
+                      "destination free (refs {} and {})",
+                      m.src, m.dst, m.pool, bp.ref_count(m.src), bp.ref_count(m.dst)));
+    }
+    std::vector<uint8_t>& marks = page_marks_[static_cast<size_t>(m.pool)];
+    if (marks[static_cast<size_t>(m.src)] != 0 || marks[static_cast<size_t>(m.dst)] != 0) {
+      return bad(fmt::format("move {} -> {} of pool {}: a page is moved or filled twice", m.src,
+                             m.dst, m.pool));
+    }
+    marks[static_cast<size_t>(m.src)] = 1;
+    marks[static_cast<size_t>(m.dst)] = 2;
+    ++slab_moves_[static_cast<size_t>(from)];
+  }
+  for (int32_t slab : plan.slabs) {
+    const int32_t owner = owner_[static_cast<size_t>(slab)];
+    const int32_t held = pools[static_cast<size_t>(owner)].segment_held(slab);
+    if (slab_moves_[static_cast<size_t>(slab)] != held) {
+      return bad(fmt::format("slab {} holds {} page(s) of class {} but {} move(s) empty it", slab,
+                             held, owner, slab_moves_[static_cast<size_t>(slab)]));
+    }
+  }
+  return Status::Ok();
+}
+
+void SlabArena::ClearPlanMarks(std::span<const BlockPool> pools, const CompactionPlan& plan) {
+  for (int32_t slab : plan.slabs) {
+    if (slab >= 0 && slab < num_slabs()) slab_moves_[static_cast<size_t>(slab)] = -1;
+  }
+  for (const PageMove& m : plan.moves) {
+    if (m.pool < 0 || static_cast<size_t>(m.pool) >= pools.size()) continue;
+    std::vector<uint8_t>& marks = page_marks_[static_cast<size_t>(m.pool)];
+    for (int32_t b : {m.src, m.dst}) {
+      if (b >= 0 && static_cast<size_t>(b) < marks.size()) marks[static_cast<size_t>(b)] = 0;
+    }
+  }
+}
+
+Status SlabArena::Compact(std::span<BlockPool> pools, const CompactionPlan& plan) {
+  HKV_RETURN_IF_ERROR(CheckShapes(pools, "compact"));
+  if (page_marks_.empty()) {
+    for (const BlockPool& bp : pools)
+      page_marks_.emplace_back(static_cast<size_t>(bp.num_blocks()), 0);
+  }
+  const Status valid = CheckPlan(pools, plan);
+  ClearPlanMarks(pools, plan);
+  HKV_RETURN_IF_ERROR(valid);
+  for (const PageMove& m : plan.moves) {
+    if (!pools[static_cast<size_t>(m.pool)].MoveHeld(m.src, m.dst).ok()) std::abort();  // checked
+  }
+  for (int32_t slab : plan.slabs) {
+    const auto owner = static_cast<size_t>(owner_[static_cast<size_t>(slab)]);
+    if (!pools[owner].RemoveSegment(slab).ok()) std::abort();  // every held page moved out
+    owner_[static_cast<size_t>(slab)] = -1;
+    unassigned_.push_back(slab);  // capacity num_slabs: never allocates
+  }
+  compacted_ += static_cast<int64_t>(plan.slabs.size());
+  moved_ += static_cast<int64_t>(plan.moves.size());
+  return Status::Ok();
+}
+
 ArenaUsage SlabArena::Usage(std::span<const BlockPool> pools) const {
   ArenaUsage u;
   u.num_slabs = num_slabs();
   u.unassigned_slabs = num_unassigned();
   u.slabs_carved = carved_;
   u.slabs_reclaimed = reclaimed_;
+  u.slabs_compacted = compacted_;
+  u.pages_moved = moved_;
   u.classes.resize(pools.size());
   for (size_t p = 0; p < pools.size(); ++p) {
     const BlockPool& bp = pools[p];
@@ -245,8 +434,16 @@ Status SlabArena::CheckInvariants(std::span<const BlockPool> pools) const {
       return fail(fmt::format("unassigned stack holds slab {} twice or out of range", s));
     }
   }
+  if (unassigned_.capacity() < owner_.size()) {
+    return fail("the unassigned stack could reallocate when slabs return to it");
+  }
+  int64_t owned = 0;
   for (int32_t s = 0; s < static_cast<int32_t>(owner_.size()); ++s) {
     const int32_t owner = owner_[static_cast<size_t>(s)];
+    owned += owner >= 0 ? 1 : 0;
+    if (kept_[static_cast<size_t>(s)] != 0 || slab_moves_[static_cast<size_t>(s)] != -1) {
+      return fail(fmt::format("slab {} is still marked by a Reserve or Compact that ended", s));
+    }
     if ((owner < 0) != (listed[static_cast<size_t>(s)] != 0)) {
       return fail(fmt::format("slab {} is {} but {} the unassigned stack", s,
                               owner < 0 ? "unowned" : "owned", owner < 0 ? "not on" : "on"));
@@ -256,6 +453,19 @@ Status SlabArena::CheckInvariants(std::span<const BlockPool> pools) const {
         return fail(fmt::format("slab {} belongs to class {} but pool {} {} it", s, owner, p,
                                 pools[p].segment_owned(s) ? "owns" : "does not own"));
       }
+    }
+  }
+  // Slabs leave the unassigned stack only by carving and return only by compaction.
+  if (owned != carved_ - compacted_) {
+    return fail(fmt::format("{} slabs are owned, but {} were carved and {} returned by compaction",
+                            owned, carved_, compacted_));
+  }
+  for (int64_t k : kept_empty_) {
+    if (k != 0) return fail("a Reserve left kept empty slabs counted");
+  }
+  for (size_t p = 0; p < page_marks_.size(); ++p) {
+    if (std::any_of(page_marks_[p].begin(), page_marks_[p].end(), [](uint8_t m) { return m; })) {
+      return fail(fmt::format("pool {} has pages still marked by a Compact that ended", p));
     }
   }
   return Status::Ok();

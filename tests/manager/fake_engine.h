@@ -483,6 +483,67 @@ class FakeEngine {
     return s;
   }
 
+  // Compaction between steps: refused while any step is open; otherwise the engine copies every
+  // moved page (all its slots) to its new page and poisons the old one, so a reference the
+  // manager failed to rewrite reads poison. A no-op without two-level memory.
+  Result<CompactionResult> Compact(int64_t max_slabs_per_class) {
+    bool open = false;
+    for (const auto& [id, q] : seqs_)
+      open = open || q.step.has_value();
+    const Expect e = open || max_slabs_per_class < 1 ? Expect::kFail : Expect::kOk;
+    Before before = Snap();
+    const int64_t removed_before = removed_events_;
+    Result<CompactionResult> r = m_.Compact(max_slabs_per_class);
+    const Status s = r.ok() ? Status::Ok() : r.status();
+    Log("compact " + std::to_string(max_slabs_per_class) +
+            (r.ok() ? " -> " + std::to_string(r->moves.size()) + " moves, " +
+                          std::to_string(r->slabs.size()) + " slabs"
+                    : ""),
+        s);
+    if (!After("Compact", s, e, before, cfg_.arena.enabled())) {
+      Settle();
+      return r;
+    }
+    if (r->moves.empty() != r->slabs.empty())
+      Violation("Compact moved " + std::to_string(r->moves.size()) + " pages out of " +
+                std::to_string(r->slabs.size()) + " slabs");
+    if (r->slabs.empty()) CheckUnchanged("Compact that emptied no slab", before);
+    int64_t identities_moved = 0;
+    for (const PageMove& mv : r->moves) {
+      if (mv.pool < 0 || mv.pool >= static_cast<int32_t>(mem_.size()) || mv.src <= 0 ||
+          mv.dst <= 0 || mv.src == mv.dst ||
+          mv.src >= cfg_.pool_blocks[static_cast<size_t>(mv.pool)] ||
+          mv.dst >= cfg_.pool_blocks[static_cast<size_t>(mv.pool)]) {
+        Violation("Compact returned a bad move " + std::to_string(mv.src) + " -> " +
+                  std::to_string(mv.dst) + " of pool " + std::to_string(mv.pool));
+        continue;
+      }
+      PoolMem& pm = mem_[static_cast<size_t>(mv.pool)];
+      const auto width = static_cast<size_t>(pm.width);
+      const size_t from = static_cast<size_t>(mv.src) * width;
+      const size_t to = static_cast<size_t>(mv.dst) * width;
+      for (size_t o = 0; o < width; ++o) {
+        pm.data[to + o] = pm.data[from + o];
+        pm.who[to + o] = pm.who[from + o];
+        pm.data[from + o] = kPoison;
+        pm.who[from + o] = Writer{};
+      }
+      if (cfg_.record_events)
+        identities_moved += identity_[static_cast<size_t>(mv.pool)][static_cast<size_t>(mv.dst)];
+    }
+    // An identity that moved with its page is not an eviction (removed src, stored dst).
+    if (removed_events_ - removed_before < identities_moved)
+      Violation("Compact moved " + std::to_string(identities_moved) +
+                " identities with fewer removed events");
+    removed_events_ -= identities_moved;
+    counters_.compactions += r->slabs.empty() ? 0 : 1;
+    counters_.pages_moved += static_cast<int64_t>(r->moves.size());
+    counters_.slabs_compacted += static_cast<int64_t>(r->slabs.size());
+    AuditAll();
+    Settle();
+    return r;
+  }
+
   // ---- Engine-side views ----------------------------------------------------------------
 
   struct StateCapture {
@@ -539,6 +600,7 @@ class FakeEngine {
     int64_t steps = 0, commits = 0, partial_commits = 0, copies = 0, snapshots = 0;
     int64_t hits = 0, hit_tokens = 0, encoder_hits = 0, exhausted = 0, refused = 0;
     int64_t forks = 0, truncates = 0, rollbacks = 0;  // rollbacks: Truncate kept less than n
+    int64_t compactions = 0, pages_moved = 0, slabs_compacted = 0;  // Compacts that moved pages
   };
   const Counters& counters() const { return counters_; }
   std::string DescribeCounters() const {
@@ -550,7 +612,9 @@ class FakeEngine {
            std::to_string(c.encoder_hits) + "), exhausted " + std::to_string(c.exhausted) +
            ", refused calls " + std::to_string(c.refused) + ", forks " + std::to_string(c.forks) +
            ", truncates " + std::to_string(c.truncates) + " (rolled back " +
-           std::to_string(c.rollbacks) + "), evictions " + std::to_string(removed_events_);
+           std::to_string(c.rollbacks) + "), evictions " + std::to_string(removed_events_) +
+           ", compactions " + std::to_string(c.compactions) + " (" + std::to_string(c.pages_moved) +
+           " pages moved, " + std::to_string(c.slabs_compacted) + " slabs returned)";
   }
 
   bool failed() const { return !violations_.empty(); }

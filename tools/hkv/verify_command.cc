@@ -48,6 +48,7 @@ int RunVerifyCommand(const VerifyArgs& args, std::ostream& out, std::ostream& er
     j["mismatches"] = r.mismatches;
     j["max_logit_diff"] = r.max_logit_diff;
     j["padded_block_tokens"] = r.padded_block_tokens;
+    j["slabs_reclaimed"] = r.slabs_reclaimed;
     j["features"] = {{"prefix_hit_tokens", f.prefix_hit_tokens},
                      {"preemptions", f.preemptions},
                      {"forks", f.forks},
@@ -57,7 +58,10 @@ int RunVerifyCommand(const VerifyArgs& args, std::ostream& out, std::ostream& er
                      {"window_blocks_freed", f.window_blocks_freed},
                      {"cross_attention_reuses", f.cross_attention_reuses},
                      {"drafts_accepted", f.drafts_accepted},
-                     {"drafts_rejected", f.drafts_rejected}};
+                     {"drafts_rejected", f.drafts_rejected},
+                     {"compactions", f.compactions},
+                     {"pages_moved", f.pages_moved},
+                     {"slabs_compacted", f.slabs_compacted}};
     out << j.dump(2) << "\n";
   } else {
     out << fmt::format("hkv verify: {} (scaled)\n", r.model);
@@ -67,9 +71,11 @@ int RunVerifyCommand(const VerifyArgs& args, std::ostream& out, std::ostream& er
     out << fmt::format(
         "  prefix hit tokens {}  preemptions {}  forks {}  truncations {}\n"
         "  checkpoint hits {}  window blocks freed {}  cross-attention reuses {}\n"
-        "  drafts accepted {}  rejected {}\n",
+        "  drafts accepted {}  rejected {}\n"
+        "  slabs reclaimed {}  compactions {}  pages moved {}  slabs compacted {}\n",
         f.prefix_hit_tokens, f.preemptions, f.forks, f.truncations, f.checkpoint_hits,
-        f.window_blocks_freed, f.cross_attention_reuses, f.drafts_accepted, f.drafts_rejected);
+        f.window_blocks_freed, f.cross_attention_reuses, f.drafts_accepted, f.drafts_rejected,
+        r.slabs_reclaimed, f.compactions, f.pages_moved, f.slabs_compacted);
     if (r.padded_block_tokens > 0) {
       out << fmt::format(
           "  shortest checkpoint hit {} tokens (a padded allocator's block: {} tokens)\n",

@@ -16,6 +16,11 @@
 //   (alternately), so both paths run.
 // - Every position the engine computes and keeps has its logits in Sequence::logits; with the
 //   sampling draws in Sequence::draws the dense reference can replay every choice.
+// - Compaction (EngineOptions::compact, two-level plans): at the start of a step, when no step is
+//   open, the engine calls KvCacheManager::Compact and copies every moved page before anything
+//   reads the cache: when some class strands at least one slab's worth of pages, or after an
+//   allocation was refused while some class's free pages in slabs that hold its pages (cached
+//   or not) would fill a slab.
 #pragma once
 
 #include <cstdint>
@@ -44,6 +49,8 @@ struct EngineOptions {
   // Fill blocks with NaN as they become free without a prefix identity, so that any read the
   // manager did not sanction changes the output (PagedKvCache::PoisonFreeBlocks).
   bool poison_free_blocks = false;
+  // Two-level plans: compact stranded memory between steps (see the contract above).
+  bool compact = false;
 };
 
 struct GenerationRequest {
@@ -79,6 +86,9 @@ struct EngineCounters {
   int64_t window_blocks_freed = 0;
   int64_t cross_attention_reuses = 0;  // requests that started on cached encoder K/V
   int64_t drafts_accepted = 0, drafts_rejected = 0;
+  int64_t compactions = 0;      // Compact calls that returned slabs to the shared memory
+  int64_t pages_moved = 0;      // pages those compactions moved (and the engine copied)
+  int64_t slabs_compacted = 0;  // slabs they returned
 };
 
 class Engine {
@@ -123,6 +133,8 @@ class Engine {
   int32_t Sample(Live& r, std::span<const float> logits, int64_t pos);
   int64_t WindowNulls(RequestId id) const;
   Status AfterManagerCall();
+  // The compaction policy, at the start of a step.
+  Status MaybeCompact();
 
   const ModelSpec& spec_;
   const ModelWeights& weights_;
@@ -136,6 +148,7 @@ class Engine {
   bool has_state_ = false;
   int64_t truncate_toggle_ = 0;
   bool preempted_this_step_ = false;
+  bool refused_since_compaction_ = false;  // an Allocate ran out of memory since the last one
 };
 
 // Compares a finished sequence with the dense reference: logits of every computed position

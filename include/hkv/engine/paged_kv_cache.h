@@ -9,7 +9,9 @@
 // of the null block or of a position outside the table is a failure the store records (and the
 // engine reports), never a silent read of somebody else's data. Recurrent layers work on the
 // step's write slot: View initialises it from the read slot (the null block reads as the zero
-// state) and copies it into each snapshot slot at its position.
+// state) and copies it into each snapshot slot at its position. ApplyMoves performs a
+// compaction's page moves (KvCacheManager::Compact): every tensor of the page's class, src -> dst,
+// which must happen before anything reads the cache again.
 #pragma once
 
 #include <cstdint>
@@ -30,6 +32,8 @@ class PagedKvCache {
   static Result<PagedKvCache> Create(const Plan& plan);
 
   void ApplyCopies(std::span<const BlockCopy> copies);
+  // Copies each moved page, all of its class's tensors, from src to dst (pool = page class).
+  void ApplyMoves(std::span<const PageMove> moves);
 
   // Debugging aid: fills with NaN every block that became free without a prefix identity since
   // the last call (call it after every manager call that allocates or frees). No request may read
@@ -94,8 +98,9 @@ class PagedKvCache {
   std::vector<std::vector<char>> poisoned_;  // per page class, per block
   std::vector<int32_t> scratch_blocks_;
   std::vector<char> scratch_flags_;
-  std::vector<int32_t> group_of_layer_;  // per LayerSpec; -1: owns no cache
-  std::vector<LayerTensors> tensors_;    // per LayerSpec
+  std::vector<int32_t> group_of_layer_;              // per LayerSpec; -1: owns no cache
+  std::vector<std::vector<int32_t>> class_tensors_;  // per page class: its tensors
+  std::vector<LayerTensors> tensors_;                // per LayerSpec
   // How Rows finds a cache-owning layer's rows, resolved once from the plan: row `o` of block b
   // is at base + b * block_stride + o * row_bytes, or with two-level memory at
   // base + slab(b) * slab_bytes + page(b) * block_stride + o * row_bytes.

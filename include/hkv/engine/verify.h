@@ -7,9 +7,11 @@
 // of a few images), multi-turn continuations of finished conversations, varied lengths, some
 // sampled in parallel (forked), the greedy ones decoded speculatively with lookahead slots, a
 // quarter with low retention; every third seed drops the last hit block (EAGLE-style). Freed
-// blocks without identity are NaN-poisoned, and the manager's invariants are checked after every
-// step. It runs at most `max_steps` scheduler steps and reports what happened; a mismatch is any
-// logit beyond 1e-4 or any token the dense model would not have chosen.
+// blocks without identity are NaN-poisoned, two-level memory is compacted between steps (unless
+// `compact` is off: moved pages are copied and their old places poisoned), and the manager's
+// invariants are checked after every step. It runs at most `max_steps` scheduler steps and reports
+// what happened; a mismatch is any logit beyond 1e-4 or any token the dense model would not have
+// chosen.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +29,7 @@ struct VerifyOptions {
   int64_t max_steps = 5000;
   int64_t memory_bytes = 0;  // 0: about three of the workload's longest sequences
   int32_t block_tokens = 4;
+  bool compact = true;  // the engine compacts stranded two-level memory (EngineOptions::compact)
 };
 
 struct VerifyReport {

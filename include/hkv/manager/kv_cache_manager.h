@@ -19,6 +19,13 @@
 //   of the free list (reused first), the rest to its tail (LRU across requests).
 // - Steady state (request slots recycled, tables grown to their working size) allocates nothing
 //   per token; events are the exception, and can be switched off.
+// - Compaction (two-level memory only): Compact moves held pages out of sparsely held slabs into
+//   free pages of the same class and returns the emptied slabs to the shared memory. Only between
+//   steps (refused while any request has a step open). Every block id the manager hands out
+//   afterwards - tables, state slots, hits - names the new page; the engine must copy each moved
+//   page, all of its bytes for every layer of its class, from src to dst before its next step
+//   reads the cache. Identities move with their pages (events: removed src, stored dst); pages
+//   the emptied slabs still cached are evicted (removed).
 #pragma once
 
 #include <cstdint>
@@ -46,6 +53,13 @@ struct PoolUsage {
   int32_t num_free = 0;    // free, cached or not
   int32_t num_cached = 0;  // blocks with a prefix identity, held or free
   double usage() const;    // held / num_blocks
+};
+
+// What Compact did: the moves the engine must perform (pool = page class; copy the whole page
+// src -> dst before the next step reads the cache) and the slabs returned to the shared memory.
+struct CompactionResult {
+  std::vector<PageMove> moves;
+  std::vector<int32_t> slabs;
 };
 
 struct ManagerStats {
@@ -102,6 +116,14 @@ class KvCacheManager {
   Status Free(RequestId id);
   // Drops every prefix identity. Only when no request holds blocks (kFailedPrecondition else).
   Status ResetPrefixCache();
+  // Two-level memory: empties up to max_slabs_per_class (>= 1) slabs of every page class whose
+  // held pages fit in the free pages of the class's other partly held slabs (SlabArena's
+  // PlanCompaction), rewrites every reference to a moved page and returns the emptied slabs to
+  // the shared memory. With a limit at least the class's slab count, each class is left with
+  // fewer than one slab's worth of free pages in slabs that hold its pages. kFailedPrecondition
+  // (nothing changed) while any request has an open step; an empty result without two-level
+  // memory or when no slab can be emptied.
+  Result<CompactionResult> Compact(int64_t max_slabs_per_class);
 
   // Per-step views. They stay valid until the next mutating call.
   Result<StepInfo> Step(RequestId id) const;
@@ -120,8 +142,8 @@ class KvCacheManager {
 
   const ManagerConfig& config() const;
   PoolUsage Usage(int32_t pool) const;
-  // Two-level memory (config().arena): slabs per class, stranded pages, slabs moved so far.
-  // num_slabs is 0 without it.
+  // Two-level memory (config().arena): slabs per class, stranded pages, slabs moved and
+  // compacted so far. num_slabs is 0 without it.
   ArenaUsage Arena() const;
   const ManagerStats& stats() const;
   std::vector<ManagerEvent> TakeEvents();

@@ -22,6 +22,9 @@
 //   empty: those holding no prefix identity (plain free memory) and those still caching some.
 //   Free-list entries and empty segments carry ticks of one eviction clock, which pools of one
 //   arena share, so their ages compare across pools.
+// - MoveHeld(src, dst) hands a held block's references and prefix identity to a free block, for
+//   compaction: afterwards the caller must hold dst wherever it held src, and the contents must be
+//   copied by whoever owns the memory. The prefix index then maps the key to dst.
 // Metadata is struct-of-arrays, sized once; steady-state calls do not allocate (events aside).
 #pragma once
 
@@ -83,6 +86,12 @@ class BlockPool {
   Status Demote(int32_t block);
   // Drops every prefix identity (held and free blocks alike) and emits one `cleared` event.
   void ResetPrefixCache();
+  // Compaction: free block `dst` takes held block `src`'s reference count and prefix identity
+  // (events `removed` src, then `stored` dst, so a consumer following blocks sees the key move);
+  // an identity dst still cached is dropped first (`removed`). src becomes free and uncached, at
+  // the head of the free list. Fails, changing nothing, unless both are real blocks of owned
+  // segments, src is held, dst is free and they differ.
+  Status MoveHeld(int32_t src, int32_t dst);
 
   // Segments. AddSegment makes an unowned segment's blocks free and uncached, at the head of the
   // free list (the next Allocate takes them before anything cached). RemoveSegment gives up an

@@ -21,11 +21,23 @@
 // - Stranded pages are free pages that cache nothing inside slabs that still hold pages of
 //   their class: no other class can use them. Usage() measures them; a class takes a new slab
 //   only when it has no such page left, so they never exceed what its own frees left behind.
-// Reserve allocates nothing; it is linear in the pages reserved.
+// - Compaction removes stranding that placement could not avoid (a class holding every other
+//   page): PlanCompaction picks slabs of one class to empty, fewest held pages first, and a free
+//   page of the same class for each of their held pages, in the class's other partly held slabs
+//   (uncached pages first, then the oldest cached), never in a slab being emptied; a slab is
+//   picked only if all its held pages can move. Compact validates a plan, then moves the pages
+//   (BlockPool::MoveHeld), drops what the emptied slabs still cache and returns them to the
+//   unassigned slabs. Whoever holds the pages' ids must rewrite them, and whoever owns the
+//   memory must copy each page src -> dst before it is read again. Planning with no limit on
+//   slabs leaves a class fewer than pages_per_slab free pages in slabs holding its pages, so
+//   fewer than one slab's worth stranded.
+// Reserve allocates nothing; it is linear in the pages reserved. Compaction reuses scratch
+// buffers the arena keeps; it is linear in the class's pages.
 #pragma once
 
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include <hkv/common/result.h>
@@ -53,7 +65,28 @@ struct ArenaUsage {
   int64_t unassigned_slabs = 0;
   int64_t slabs_carved = 0;     // slabs given to a class from the unassigned ones, ever
   int64_t slabs_reclaimed = 0;  // slabs moved from one class to another, ever
+  int64_t slabs_compacted = 0;  // slabs emptied by compaction and returned, ever
+  int64_t pages_moved = 0;      // held pages compaction moved, ever
   std::vector<ArenaClassUsage> classes;
+};
+
+// A held page of class (pool) `pool` moving to a free page of the same class: its references and
+// prefix identity go to `dst`, and its bytes must be copied from `src` to `dst`.
+struct PageMove {
+  int32_t pool = 0;
+  int32_t src = 0;
+  int32_t dst = 0;
+};
+
+// What Compact does: the moves, and the slabs they empty (each owned by the pool of its moves).
+struct CompactionPlan {
+  std::vector<PageMove> moves;
+  std::vector<int32_t> slabs;
+
+  void clear() {
+    moves.clear();
+    slabs.clear();
+  }
 };
 
 class SlabArena {
@@ -75,9 +108,19 @@ class SlabArena {
   int32_t pages_per_slab(size_t p) const { return pages_per_slab_[p]; }
   int32_t owner(int64_t slab) const { return owner_[static_cast<size_t>(slab)]; }  // -1: none
 
+  // Appends to `plan` up to max_slabs (>= 0) slabs of class `pool` to empty and the moves that
+  // empty them; nothing when no slab can be emptied. Changes no pool.
+  Status PlanCompaction(std::span<const BlockPool> pools, int32_t pool, int64_t max_slabs,
+                        CompactionPlan& plan);
+  // Performs a plan: every slab listed is owned, listed once and has exactly its held pages
+  // moved; every move goes from a held page of a listed slab to a free page of the same pool
+  // outside them, no page twice. kInvalidArgument (nothing changed) otherwise.
+  Status Compact(std::span<BlockPool> pools, const CompactionPlan& plan);
+
   ArenaUsage Usage(std::span<const BlockPool> pools) const;
-  // Every slab has one owner or none, the pools own exactly the slabs the arena says, and every
-  // pool's own invariants hold.
+  // Every slab has one owner or none, the pools own exactly the slabs the arena says (as many as
+  // were carved and not returned by compaction), every pool's own invariants hold, and the
+  // scratch marks of Reserve and Compact are clear between calls.
   Status CheckInvariants(std::span<const BlockPool> pools) const;
 
  private:
@@ -93,12 +136,23 @@ class SlabArena {
                 uint64_t& age) const;
   int32_t FirstUnkept(const BlockPool& pool, int32_t segment) const;
 
+  Status CheckShapes(std::span<const BlockPool> pools, const char* call) const;
+  Status CheckPlan(std::span<const BlockPool> pools, const CompactionPlan& plan);
+  void ClearPlanMarks(std::span<const BlockPool> pools, const CompactionPlan& plan);
+
   std::vector<int32_t> pages_per_slab_;
-  int64_t carved_ = 0, reclaimed_ = 0;
+  int64_t carved_ = 0, reclaimed_ = 0, compacted_ = 0, moved_ = 0;
   std::vector<int32_t> owner_;
   std::vector<int32_t> unassigned_;  // a stack; capacity num_slabs, so pushes never allocate
   std::vector<uint8_t> kept_;        // per slab, during Reserve: holds a block in `keep`
   std::vector<int64_t> kept_empty_;  // per class, during Reserve: empty slabs that are kept
+  // Compaction scratch, grown on first use and kept: candidate slabs, destination pages, and
+  // per-slab / per-page marks that Compact's validation sets and clears again.
+  std::vector<int32_t> candidates_;
+  std::vector<int32_t> dest_;
+  std::vector<std::pair<uint64_t, int32_t>> cached_dest_;  // (free tick, page)
+  std::vector<int32_t> slab_moves_;               // per slab: moves out of it, or -1 unlisted
+  std::vector<std::vector<uint8_t>> page_marks_;  // per pool and page: 1 source, 2 destination
 };
 
 }  // namespace hkv

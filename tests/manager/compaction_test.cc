@@ -1,0 +1,295 @@
+// KvCacheManager::Compact: stranded token and state pages of two-level memory move into the
+// free pages of fuller slabs, every reference follows them (tables shared by forks, live and
+// rolling states, the prefix index), and the emptied slabs serve another class. Driven through
+// the content-tracking FakeEngine, which copies each moved page and poisons its old place, so a
+// reference the manager failed to rewrite reads poison; it also checks the invariants, the events
+// and that refused calls change nothing after every call.
+#include <algorithm>
+#include <map>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "fake_engine.h"
+#include "manager_test_util.h"
+
+namespace hkv {
+namespace {
+
+using testing::EngineRequest;
+using testing::FakeEngine;
+using testing::Full;
+using testing::MakeConfig;
+using testing::Seq;
+using testing::StateGroup;
+
+// Token pages of 4 tokens (`token_per` to a slab) and recurrent states (`state_per` to a slab).
+ManagerConfig TwoLevel(int64_t slabs, int32_t token_per, int32_t state_per, bool caching) {
+  ManagerConfig c = MakeConfig(
+      {static_cast<int32_t>(slabs * token_per + 1), static_cast<int32_t>(slabs * state_per + 1)},
+      {Full(4, 0), StateGroup(1)});
+  c.arena.num_slabs = slabs;
+  c.arena.pages_per_slab = {token_per, state_per};
+  c.enable_prefix_caching = caching;
+  return c;
+}
+
+// Engine-side helpers: every call goes through the FakeEngine and must succeed.
+class Scenario {
+ public:
+  explicit Scenario(KvCacheManager& m) : e_(m) {}
+  FakeEngine& e() { return e_; }
+
+  void Add(RequestId id, std::vector<int32_t> prompt) {
+    EngineRequest r;
+    r.id = id;
+    r.prompt = std::move(prompt);
+    ASSERT_TRUE(e_.Add(r).ok());
+    ASSERT_TRUE(e_.Lookup(id).ok());
+  }
+  // Allocates, runs and commits one step of n tokens.
+  void Step(RequestId id, int64_t n) {
+    const Status s = e_.Allocate(id, n);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    e_.Run();
+    ASSERT_TRUE(e_.Commit(id, e_.Find(id)->step->end).ok());
+  }
+  void Prefill(RequestId id) {
+    const FakeEngine::Seq* q = e_.Find(id);
+    Step(id, q->known - q->hit.tokens);
+  }
+  // n more known tokens, then computed.
+  void Decode(RequestId id, int32_t n) {
+    std::vector<int32_t> t;
+    for (int32_t i = 0; i < n; ++i)
+      t.push_back(static_cast<int32_t>(500 + 37 * id + static_cast<RequestId>(i)));
+    ASSERT_TRUE(e_.Append(id, t).ok());
+    Step(id, n);
+  }
+  std::vector<int32_t> Table(KvCacheManager& m, RequestId id) {
+    auto t = m.BlockTable(id, 0).value();
+    return {t.begin(), t.end()};
+  }
+  void ExpectClean() {
+    e_.AuditAll();
+    ASSERT_FALSE(e_.failed()) << e_.Report();
+  }
+
+ private:
+  FakeEngine e_;
+};
+
+// Two requests decode in turn, one token page each step, so their pages alternate inside every
+// token slab; then one ends. Half of every token slab is free but no other class can use it.
+void Interleave(Scenario& run, RequestId a, RequestId b, int rounds) {
+  run.Add(a, Seq(4, 1000));
+  run.Add(b, Seq(4, 2000));
+  run.Prefill(a);
+  run.Prefill(b);
+  for (int i = 0; i < rounds; ++i) {
+    run.Decode(a, 4);
+    run.Decode(b, 4);
+  }
+}
+
+TEST(CompactTest, EveryOtherPageRefusedThenCompactedThenAllocated) {
+  // 6 slabs: 4 of token pages (4 each), 2 of states (1 each); no prefix caching, so freed pages
+  // are plain stranded memory.
+  Result<KvCacheManager> made = KvCacheManager::Create(TwoLevel(6, 4, 1, false));
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  KvCacheManager& m = *made;
+  Scenario run(m);
+  Interleave(run, 1, 2, 7);
+  ASSERT_EQ(m.Arena().unassigned_slabs, 0);
+  ASSERT_TRUE(run.e().Free(2).ok());
+  EXPECT_EQ(m.Arena().classes[0].stranded_pages, 8);  // two slabs' worth in four slabs
+  // Request 3 fits (a stranded page and request 2's state slab); request 4 needs a second state
+  // slab and the token pages hold all the others.
+  run.Add(3, Seq(4, 3000));
+  run.Prefill(3);
+  run.Add(4, Seq(4, 4000));
+  const Status refused = run.e().Allocate(4, 4);
+  ASSERT_EQ(refused.code(), StatusCode::kResourceExhausted) << refused.ToString();
+  const int64_t before = m.Arena().classes[0].stranded_pages;
+
+  Result<CompactionResult> c = run.e().Compact(100);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_FALSE(run.e().failed()) << run.e().Report();
+  EXPECT_EQ(c->slabs.size(), 1u);
+  EXPECT_EQ(c->moves.size(), 2u);
+  for (const PageMove& mv : c->moves)
+    EXPECT_EQ(mv.pool, 0);
+  const ArenaUsage after = m.Arena();
+  EXPECT_LT(after.classes[0].stranded_pages, before);
+  EXPECT_LT(after.classes[0].stranded_pages, 4);  // less than one slab's worth
+  EXPECT_EQ(after.unassigned_slabs, 1);
+  EXPECT_EQ(after.slabs_compacted, 1);
+  EXPECT_EQ(after.pages_moved, 2);
+  RecordProperty("stranded_before", static_cast<int>(before));
+  RecordProperty("stranded_after", static_cast<int>(after.classes[0].stranded_pages));
+
+  // The returned slab becomes request 4's state; everyone reads what they wrote (the last two
+  // free token pages go to two more decode steps).
+  run.Step(4, 4);
+  for (RequestId id : {1, 4})
+    run.Decode(id, 4);
+  run.ExpectClean();
+  for (RequestId id : {1, 3, 4})
+    ASSERT_TRUE(run.e().Free(id).ok());
+  ASSERT_FALSE(run.e().failed()) << run.e().Report();
+}
+
+TEST(CompactTest, SharedPagesAndStatesFollowTheirMoves) {
+  // States two to a slab, so they strand too; prefix caching on, so moved pages carry identities.
+  Result<KvCacheManager> made = KvCacheManager::Create(TwoLevel(16, 4, 2, true));
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  KvCacheManager& m = *made;
+  Scenario run(m);
+  Interleave(run, 1, 2, 7);
+  ASSERT_TRUE(run.e().Fork(1, 11).ok());  // request 1's pages and states, shared
+  // Four one-page requests fill two state slabs; the second and fourth end, and the first and
+  // third are forked, so whichever state moves is named by two requests.
+  for (RequestId id = 20; id < 24; ++id) {
+    run.Add(id, Seq(4, static_cast<int32_t>(100 * id)));
+    run.Prefill(id);
+  }
+  ASSERT_TRUE(run.e().Fork(20, 30).ok());
+  ASSERT_TRUE(run.e().Fork(22, 32).ok());
+  ASSERT_TRUE(run.e().Free(21).ok());
+  ASSERT_TRUE(run.e().Free(23).ok());
+  ASSERT_TRUE(run.e().Free(2).ok());  // every other token page of request 1's slabs
+  const std::vector<int32_t> table1 = run.Table(m, 1);
+  ASSERT_EQ(run.Table(m, 11), table1);
+
+  Result<CompactionResult> c = run.e().Compact(100);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_FALSE(run.e().failed()) << run.e().Report();
+  std::map<int32_t, int32_t> token_moves;
+  int64_t state_moves = 0;
+  for (const PageMove& mv : c->moves) {
+    if (mv.pool == 0) token_moves[mv.src] = mv.dst;
+    state_moves += mv.pool == 1 ? 1 : 0;
+  }
+  EXPECT_GE(state_moves, 1);
+  // Both tables that shared request 1's pages name the new pages, and still the same ones.
+  int64_t moved = 0;
+  std::vector<int32_t> want = table1;
+  for (int32_t& b : want) {
+    if (token_moves.count(b) != 0) {
+      b = token_moves[b];
+      ++moved;
+    }
+  }
+  EXPECT_GT(moved, 0);
+  EXPECT_EQ(run.Table(m, 1), want);
+  EXPECT_EQ(run.Table(m, 11), want);
+
+  // Live and rolling states were rewritten: the forked requests step from their live state, and
+  // one of them rolls back onto its rolling state (at 4 tokens, after one more token).
+  for (RequestId id : {1, 11, 20, 30, 22, 32})
+    run.Decode(id, 1);
+  ASSERT_TRUE(run.e().Truncate(30, 4).ok());
+  ASSERT_TRUE(run.e().Truncate(32, 4).ok());
+  for (RequestId id : {30, 32})
+    run.Decode(id, 4);
+  run.ExpectClean();
+  for (RequestId id : {1, 11, 20, 30, 22, 32})
+    ASSERT_TRUE(run.e().Free(id).ok());
+  ASSERT_FALSE(run.e().failed()) << run.e().Report();
+  EXPECT_TRUE(m.CheckInvariants().ok());
+}
+
+TEST(CompactTest, CachedIdentitiesFollowTheirPages) {
+  // Two token groups of 4- and 8-token blocks, 4 and 2 pages to a slab: the prefix index maps
+  // every key of a moved page to its new page, so a later Lookup hits through it.
+  ManagerConfig config = MakeConfig({8 * 4 + 1, 8 * 2 + 1}, {Full(4, 0), Full(8, 1)});
+  config.arena.num_slabs = 8;
+  config.arena.pages_per_slab = {4, 2};
+  Result<KvCacheManager> made = KvCacheManager::Create(config);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  KvCacheManager& m = *made;
+  Scenario run(m);
+  run.Add(1, Seq(8, 1000));
+  run.Add(2, Seq(8, 2000));
+  run.Prefill(1);
+  run.Prefill(2);
+  for (int i = 0; i < 3; ++i) {
+    run.Decode(1, 8);
+    run.Decode(2, 8);
+  }
+  ASSERT_TRUE(run.e().Free(2).ok());
+  Result<CompactionResult> c = run.e().Compact(100);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_FALSE(run.e().failed()) << run.e().Report();
+  ASSERT_FALSE(c->moves.empty());
+  std::map<int32_t, int32_t> moved_to[2];
+  for (const PageMove& mv : c->moves)
+    moved_to[mv.pool][mv.dst] = mv.src;
+  EXPECT_FALSE(moved_to[0].empty());
+  EXPECT_FALSE(moved_to[1].empty());
+  // Request 1's tokens come back: the hit covers every aligned block and reads the pages where
+  // compaction put them (the FakeEngine verifies what it reads).
+  const FakeEngine::Seq* q1 = run.e().Find(1);
+  run.Add(3, std::vector<int32_t>(q1->tokens.begin(), q1->tokens.begin() + q1->known));
+  EXPECT_EQ(run.e().Find(3)->hit.tokens, 24);
+  run.Prefill(3);
+  for (int32_t g = 0; g < 2; ++g) {
+    auto table = m.BlockTable(3, g).value();
+    EXPECT_TRUE(std::any_of(table.begin(), table.end(),
+                            [&](int32_t b) { return moved_to[g].count(b) != 0; }))
+        << "group " << g << " hit no moved page";
+  }
+  run.ExpectClean();
+}
+
+TEST(CompactTest, RefusedWhileAStepIsOpenAndChangesNothing) {
+  Result<KvCacheManager> made = KvCacheManager::Create(TwoLevel(6, 4, 1, false));
+  ASSERT_TRUE(made.ok());
+  KvCacheManager& m = *made;
+  Scenario run(m);
+  Interleave(run, 1, 2, 7);
+  ASSERT_TRUE(run.e().Free(2).ok());
+  ASSERT_TRUE(run.e().Append(1, std::vector<int32_t>{7}).ok());
+  ASSERT_TRUE(run.e().Allocate(1, 1).ok());  // open
+  const ArenaUsage before = m.Arena();
+  const std::vector<int32_t> table = run.Table(m, 1);
+  // The FakeEngine expects the refusal and checks that usage, free lists and events are as
+  // before.
+  Result<CompactionResult> c = run.e().Compact(100);
+  EXPECT_EQ(c.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(c.status().message().find("request 1 has an open step"), std::string::npos)
+      << c.status().message();
+  ASSERT_FALSE(run.e().failed()) << run.e().Report();
+  EXPECT_EQ(m.Arena().classes[0].stranded_pages, before.classes[0].stranded_pages);
+  EXPECT_EQ(m.Arena().slabs_compacted, 0);
+  EXPECT_EQ(run.Table(m, 1), table);
+  EXPECT_EQ(m.Compact(0).status().code(), StatusCode::kInvalidArgument);
+  // Once the step is committed, compaction goes ahead.
+  run.e().Run();
+  ASSERT_TRUE(run.e().Commit(1, run.e().Find(1)->step->end).ok());
+  c = run.e().Compact(1);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->slabs.size(), 1u);
+  run.Decode(1, 4);
+  run.ExpectClean();
+}
+
+TEST(CompactTest, IsANoOpWithoutTwoLevelMemory) {
+  Result<KvCacheManager> made =
+      KvCacheManager::Create(MakeConfig({20, 5}, {Full(4, 0), StateGroup(1)}));
+  ASSERT_TRUE(made.ok());
+  KvCacheManager& m = *made;
+  Scenario run(m);
+  Interleave(run, 1, 2, 3);
+  ASSERT_TRUE(run.e().Free(2).ok());
+  // The FakeEngine checks that nothing changed and no event was emitted.
+  Result<CompactionResult> c = run.e().Compact(100);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_TRUE(c->moves.empty());
+  EXPECT_TRUE(c->slabs.empty());
+  EXPECT_EQ(m.Arena().num_slabs, 0);
+  ASSERT_FALSE(run.e().failed()) << run.e().Report();
+}
+
+}  // namespace
+}  // namespace hkv
