@@ -172,17 +172,9 @@ Result<VerifyReport> RunVerify(const ModelSpec& real, const VerifyOptions& o) {
   report.requests = static_cast<int64_t>(engine->finished().size());
   report.features = engine->counters();
   report.slabs_reclaimed = engine->manager().Arena().slabs_reclaimed;
-  bool recurrent = false;
-  for (const LayerSpec& l : spec.layers)
-    recurrent = recurrent || IsRecurrentKind(l.kind);
-  if (recurrent) {
-    AllocatorOptions ao;
-    ao.memory_bytes = po.memory_bytes;
-    ao.block_tokens = po.block_tokens;
-    ao.max_model_len = po.max_model_len;
-    HKV_ASSIGN_OR_RETURN(const Allocator padded, MakeAllocator(spec, AllocatorMode::kPadded, ao));
-    report.padded_block_tokens = padded.block_tokens;
-  }
+  HKV_ASSIGN_OR_RETURN(const Allocator padded,
+                       MakeAllocator(spec, AllocatorMode::kPadded, AllocatorOptions::From(po)));
+  if (padded.state_page_bytes > 0) report.padded_block_tokens = padded.block_tokens;
   HKV_RETURN_IF_ERROR(engine->manager().CheckInvariants());
   return report;
 }

@@ -28,7 +28,7 @@ void KvCacheManager::Impl::PlanSnapshots(const Request& r, int64_t begin, int64_
         out.push_back(p);
       }
     }
-    const int64_t prompt_ckpt = (r.prompt_len - 1) / align * align;
+    const int64_t prompt_ckpt = PromptCheckpoint(r);
     if (prompt_ckpt > begin && prompt_ckpt <= last) out.push_back(prompt_ckpt);
     if (divergence > begin && divergence <= last) out.push_back(divergence);
     const int64_t rolling = last / align * align;

@@ -267,6 +267,16 @@ double Allocator::Waste(const ModelSpec& model, int64_t tokens, int64_t encoder_
          static_cast<double>(bytes);
 }
 
+AllocatorOptions AllocatorOptions::From(const PlanOptions& plan) {
+  AllocatorOptions o;
+  o.memory_bytes = plan.memory_bytes;
+  o.block_tokens = plan.block_tokens;
+  o.max_model_len = plan.max_model_len;
+  o.planning_tokens = plan.seq_tokens;
+  o.encoder_tokens = plan.encoder_tokens;
+  return o;
+}
+
 std::string_view AllocatorModeName(AllocatorMode mode) {
   switch (mode) {
     case AllocatorMode::kUniform:

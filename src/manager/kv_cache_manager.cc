@@ -160,12 +160,12 @@ bool KvCacheManager::Impl::IsCheckpoint(const Request& r, int64_t p) const {
   if (p <= 0 || p % align != 0) return false;
   if (config.checkpoint_interval > 0 && p % config.checkpoint_interval == 0) return true;
   if (p == r.divergence) return true;
-  return p == (r.prompt_len - 1) / align * align;
+  return p == PromptCheckpoint(r);
 }
 
 bool KvCacheManager::Impl::IsIntervalOnly(const Request& r, int64_t p) const {
   return p > 0 && config.checkpoint_interval > 0 && p % config.checkpoint_interval == 0 &&
-         p != r.divergence && p != (r.prompt_len - 1) / align * align;
+         p != r.divergence && p != PromptCheckpoint(r);
 }
 
 void KvCacheManager::Impl::DemoteCheckpoint(const Request& r, int32_t group, int64_t p) {
@@ -199,7 +199,7 @@ void KvCacheManager::Impl::DemoteSupersededCheckpoints(const Request& r, int32_t
   // rolling one, and the checkpoints its steps passed.
   const int64_t reached = std::min(r.computed, r.known());
   const int64_t interval = config.checkpoint_interval;
-  const int64_t prompt_ckpt = (r.prompt_len - 1) / align * align;
+  const int64_t prompt_ckpt = PromptCheckpoint(r);
   int64_t final_position = std::max(live_position, rolling_position);
   if (interval > 0) final_position = std::max(final_position, reached / interval * interval);
   if (prompt_ckpt <= reached) final_position = std::max(final_position, prompt_ckpt);

@@ -124,6 +124,8 @@ struct KvCacheManager::Impl {
   PrefixKey TokenKey(const Request& r, int32_t group, int64_t block) const;
   PrefixKey StateKey(const Request& r, int32_t group, int64_t position) const;
   bool IsCheckpoint(const Request& r, int64_t position) const;
+  // The last aligned position before the prompt's end: what an identical prompt would hit.
+  int64_t PromptCheckpoint(const Request& r) const { return (r.prompt_len - 1) / align * align; }
   // A checkpoint taken only because its position is a multiple of checkpoint_interval.
   bool IsIntervalOnly(const Request& r, int64_t position) const;
   // Retention (manager_config.h): demotes the cached, unheld checkpoint of group g at p.

@@ -44,6 +44,7 @@ BlockPool::BlockPool(int32_t num_segments, int32_t segment_blocks, bool owned,
       segment_blocks_(segment_blocks),
       seg_held_(static_cast<size_t>(num_segments), 0),
       seg_cached_(static_cast<size_t>(num_segments), 0),
+      seg_cached_queued_(static_cast<size_t>(num_segments), 0),
       seg_list_(static_cast<size_t>(num_segments), kUnowned),
       seg_prev_(static_cast<size_t>(num_segments), -1),
       seg_next_(static_cast<size_t>(num_segments), -1),
@@ -112,22 +113,10 @@ void BlockPool::Released(int32_t b) {
   const int32_t seg = segment_of(b);
   const size_t i = Seg(seg);
   if (--seg_held_[i] == 0) {
-    // A segment emptied by a block freed to the head, holding nothing cached at a later place,
-    // is as old as that block: evicting it first is what the head placement asked for.
-    const bool at_head = tick_[static_cast<size_t>(b)] == 0 && CachedBlocksAtHead(seg);
+    const bool at_head = NothingCachedQueued(seg);
     seg_tick_[i] = at_head ? 0 : *clock_;
     MoveSegment(seg, seg_cached_[i] > 0 ? kEmptyCached : kEmptyUncached, at_head);
   }
-}
-
-bool BlockPool::CachedBlocksAtHead(int32_t seg) const {
-  if (seg_cached_[Seg(seg)] == 0) return true;
-  const int32_t first = seg * segment_blocks_ + 1;
-  for (int32_t b = first; b < first + segment_blocks_; ++b) {
-    const size_t i = static_cast<size_t>(b);
-    if (has_key_[i] && tick_[i] != 0) return false;
-  }
-  return true;
 }
 
 void BlockPool::SegmentCached(int32_t b, int delta) {
@@ -162,58 +151,39 @@ void BlockPool::Unlink(int32_t b) {
   on_list_[i] = 0;
   --num_free_;
   num_free_cached_ -= has_key_[i];
+  if (tick_[i] != 0 && has_key_[i]) --seg_cached_queued_[Seg(segment_of(b))];
 }
 
-void BlockPool::Append(int32_t b) {
+void BlockPool::Link(int32_t b, int32_t after, uint64_t tick) {
   const size_t i = static_cast<size_t>(b);
-  prev_[i] = tail_;
-  next_[i] = -1;
-  if (tail_ >= 0)
-    next_[static_cast<size_t>(tail_)] = b;
-  else
-    head_ = b;
-  tail_ = b;
-  on_list_[i] = 1;
-  ++num_free_;
-  num_free_cached_ += has_key_[i];
-  tick_[i] = ++*clock_;
-}
-
-void BlockPool::Prepend(int32_t b) {
-  const size_t i = static_cast<size_t>(b);
-  prev_[i] = -1;
-  next_[i] = head_;
-  if (head_ >= 0)
-    prev_[static_cast<size_t>(head_)] = b;
-  else
-    tail_ = b;
-  head_ = b;
-  if (head_run_end_ < 0) head_run_end_ = b;
-  on_list_[i] = 1;
-  ++num_free_;
-  num_free_cached_ += has_key_[i];
-  tick_[i] = 0;
-}
-
-void BlockPool::InsertAfterHeadRun(int32_t b) {
-  if (head_run_end_ < 0) {
-    Prepend(b);
-    return;
-  }
-  const size_t i = static_cast<size_t>(b);
-  const int32_t after = head_run_end_;
   prev_[i] = after;
-  next_[i] = next_[static_cast<size_t>(after)];
+  next_[i] = after < 0 ? head_ : next_[static_cast<size_t>(after)];
   if (next_[i] >= 0)
     prev_[static_cast<size_t>(next_[i])] = b;
   else
     tail_ = b;
-  next_[static_cast<size_t>(after)] = b;
-  head_run_end_ = b;
+  if (after >= 0)
+    next_[static_cast<size_t>(after)] = b;
+  else
+    head_ = b;
+  if (tick == 0 && after == head_run_end_) head_run_end_ = b;
   on_list_[i] = 1;
   ++num_free_;
   num_free_cached_ += has_key_[i];
-  tick_[i] = 0;
+  tick_[i] = tick;
+  if (tick != 0 && has_key_[i]) ++seg_cached_queued_[Seg(segment_of(b))];
+}
+
+void BlockPool::Append(int32_t b) {
+  Link(b, tail_, ++*clock_);
+}
+
+void BlockPool::Prepend(int32_t b) {
+  Link(b, -1, 0);
+}
+
+void BlockPool::InsertAfterHeadRun(int32_t b) {
+  Link(b, head_run_end_, 0);
 }
 
 void BlockPool::Record(KvEvent::Kind kind, const PrefixKey& key, int32_t block) {
@@ -226,6 +196,7 @@ void BlockPool::DropIdentity(int32_t b) {
   index_.Erase(key_[i]);
   has_key_[i] = 0;
   num_free_cached_ -= on_list_[i];
+  if (on_list_[i] && tick_[i] != 0) --seg_cached_queued_[Seg(segment_of(b))];
   SegmentCached(b, -1);
   Record(KvEvent::Kind::kRemoved, key_[i], b);
 }
@@ -272,12 +243,17 @@ Status BlockPool::Publish(int32_t block, const PrefixKey& key) {
         fmt::format("publish: block {} already has a prefix identity", block));
   }
   if (index_.Find(key) >= 0) return Status::Ok();
-  index_.Insert(key, block);
+  Store(block, key);
+  return Status::Ok();
+}
+
+void BlockPool::Store(int32_t b, const PrefixKey& key) {
+  const size_t i = static_cast<size_t>(b);
+  index_.Insert(key, b);
   key_[i] = key;
   has_key_[i] = 1;
-  SegmentCached(block, +1);
-  Record(KvEvent::Kind::kStored, key, block);
-  return Status::Ok();
+  SegmentCached(b, +1);
+  Record(KvEvent::Kind::kStored, key, b);
 }
 
 Status BlockPool::Demote(int32_t block) {
@@ -292,7 +268,7 @@ Status BlockPool::Demote(int32_t block) {
   InsertAfterHeadRun(block);
   const int32_t seg = segment_of(block);
   const size_t s = Seg(seg);
-  if (seg_held_[s] == 0 && seg_list_[s] != kUnowned && CachedBlocksAtHead(seg)) {
+  if (seg_held_[s] == 0 && NothingCachedQueued(seg)) {
     seg_tick_[s] = 0;
     MoveSegment(seg, seg_list_[s], true);
   }
@@ -369,15 +345,8 @@ Status BlockPool::MoveHeld(int32_t src, int32_t dst) {
   if (has_key_[s]) {
     // Removed before stored: a consumer keyed by prefix never sees the key on two blocks.
     const PrefixKey key = key_[s];
-    index_.Erase(key);
-    has_key_[s] = 0;
-    SegmentCached(src, -1);
-    Record(KvEvent::Kind::kRemoved, key, src);
-    index_.Insert(key, dst);
-    key_[d] = key;
-    has_key_[d] = 1;
-    SegmentCached(dst, +1);
-    Record(KvEvent::Kind::kStored, key, dst);
+    DropIdentity(src);
+    Store(dst, key);
   }
   ref_[s] = 0;
   Prepend(src);  // worthless now: reused before anything cached
@@ -389,6 +358,7 @@ void BlockPool::ResetPrefixCache() {
   index_.Clear();
   std::fill(has_key_.begin(), has_key_.end(), 0);
   std::fill(seg_cached_.begin(), seg_cached_.end(), 0);
+  std::fill(seg_cached_queued_.begin(), seg_cached_queued_.end(), 0);
   num_free_cached_ = 0;
   while (empty_head_[kEmptyCached] >= 0)
     MoveSegment(empty_head_[kEmptyCached], kEmptyUncached);
@@ -424,7 +394,6 @@ Status BlockPool::RemoveSegment(int32_t segment) {
   for (int32_t b = first; b < first + segment_blocks_; ++b) {
     DropIdentity(b);
     Unlink(b);
-    tick_[static_cast<size_t>(b)] = 0;
   }
   MoveSegment(segment, kUnowned);
   num_owned_ -= segment_blocks_;
@@ -485,6 +454,7 @@ Status BlockPool::CheckInvariants() const {
   int32_t identities = 0;
   int32_t free_cached = 0;
   std::vector<int32_t> held(seg_held_.size(), 0), cached(seg_held_.size(), 0);
+  std::vector<int32_t> queued(seg_held_.size(), 0);
   for (int32_t b = 1; b < num_blocks(); ++b) {
     const size_t i = static_cast<size_t>(b);
     const size_t seg = Seg(segment_of(b));
@@ -504,6 +474,7 @@ Status BlockPool::CheckInvariants() const {
       ++identities;
       ++cached[seg];
       free_cached += on_list_[i];
+      queued[seg] += on_list_[i] && tick_[i] != 0 ? 1 : 0;
       if (index_.Find(key_[i]) != b) {
         return fail(fmt::format("block {} has an identity the index does not map to it", b));
       }
@@ -518,9 +489,12 @@ Status BlockPool::CheckInvariants() const {
     const uint8_t list = seg_list_[seg];
     if (list == kUnowned) continue;
     owned += segment_blocks_;
-    if (held[seg] != seg_held_[seg] || cached[seg] != seg_cached_[seg]) {
-      return fail(fmt::format("segment {} counts {} held and {} cached blocks, has {} and {}", seg,
-                              seg_held_[seg], seg_cached_[seg], held[seg], cached[seg]));
+    if (held[seg] != seg_held_[seg] || cached[seg] != seg_cached_[seg] ||
+        queued[seg] != seg_cached_queued_[seg]) {
+      return fail(fmt::format(
+          "segment {} counts {} held, {} cached and {} queued cached blocks, has {}, {} and {}",
+          seg, seg_held_[seg], seg_cached_[seg], seg_cached_queued_[seg], held[seg], cached[seg],
+          queued[seg]));
     }
     const uint8_t want =
         held[seg] > 0 ? kPartlyHeld : (cached[seg] > 0 ? kEmptyCached : kEmptyUncached);

@@ -103,15 +103,24 @@ int32_t SlabArena::Donor(std::span<BlockPool> pools, std::span<const int64_t> ne
 
 Status SlabArena::Reserve(std::span<BlockPool> pools, std::span<const int64_t> need,
                           std::span<const PoolBlock> keep) {
-  if (pools.size() != pages_per_slab_.size() || need.size() != pools.size()) {
+  if (need.size() != pools.size()) {
     return Status::InvalidArgument(fmt::format("reserve: {} pools and {} needs for {} classes",
                                                pools.size(), need.size(), pages_per_slab_.size()));
   }
+  HKV_RETURN_IF_ERROR(CheckShapes(pools, "reserve"));
   for (const PoolBlock& k : keep) {
     if (k.pool < 0 || static_cast<size_t>(k.pool) >= pools.size() || k.block < 1 ||
         k.block >= pools[static_cast<size_t>(k.pool)].num_blocks()) {
       return Status::InvalidArgument(
           fmt::format("reserve: kept block {} of pool {} does not exist", k.block, k.pool));
+    }
+    // A kept block is a hit about to be acquired: it must be one its pool has (a dormant one
+    // would mark another class's slab as kept and break the supply count).
+    const BlockPool& bp = pools[static_cast<size_t>(k.pool)];
+    if (!bp.segment_owned(bp.segment_of(k.block))) {
+      return Status::InvalidArgument(fmt::format(
+          "reserve: kept block {} of pool {} lies in slab {}, which that pool does not own",
+          k.block, k.pool, bp.segment_of(k.block)));
     }
   }
   for (const PoolBlock& k : keep) {
@@ -187,7 +196,9 @@ Status SlabArena::ReserveKeeping(std::span<BlockPool> pools, std::span<const int
           donor = Donor(pools, need, p, from, age);
           looked = true;
         }
-        if (donor >= 0 && age <= bp.free_tick(cur)) slab = donor;
+        // No slab can come until one moves, and none will: the rest of the walk is moot.
+        if (donor < 0) break;
+        if (age <= bp.free_tick(cur)) slab = donor;
       }
       if (slab >= 0) {
         Move(pools, slab, from, p);  // its pages go ahead of `cur`, uncached
@@ -419,15 +430,11 @@ Status SlabArena::CheckInvariants(std::span<const BlockPool> pools) const {
   const auto fail = [](std::string what) {
     return Status::FailedPrecondition("arena invariant: " + what);
   };
-  if (pools.size() != pages_per_slab_.size()) {
-    return fail(fmt::format("{} pools for {} classes", pools.size(), pages_per_slab_.size()));
+  if (const Status shapes = CheckShapes(pools, "pools"); !shapes.ok()) {
+    return fail(std::string(shapes.message()));
   }
-  for (size_t p = 0; p < pools.size(); ++p) {
-    if (pools[p].num_segments() != num_slabs() || pools[p].segment_blocks() != pages_per_slab_[p]) {
-      return fail(fmt::format("pool {} is not segmented as class {} of this arena", p, p));
-    }
-    HKV_RETURN_IF_ERROR(pools[p].CheckInvariants());
-  }
+  for (const BlockPool& bp : pools)
+    HKV_RETURN_IF_ERROR(bp.CheckInvariants());
   std::vector<uint8_t> listed(owner_.size(), 0);
   for (int32_t s : unassigned_) {
     if (s < 0 || s >= num_slabs() || listed[static_cast<size_t>(s)]++ != 0) {

@@ -202,6 +202,27 @@ TEST(SlabArenaTest, KeptBlocksHoldTheirSlab) {
   m.Check();
 }
 
+// A kept block in a slab its pool does not own (dormant there, or owned by another class) is
+// refused before anything is marked: it used to count another class's slab as kept and abort.
+TEST(SlabArenaTest, AKeptBlockOutsideItsPoolsSlabsIsRefused) {
+  Memory m(2, {1, 1});
+  std::vector<std::vector<int32_t>> a;
+  ASSERT_TRUE(m.Take({1, 1}, a).ok());
+  ASSERT_TRUE(m.pools[1].Free(a[1]).ok());  // class 1 owns an empty slab; none is unassigned
+  const int32_t slab = m.pools[1].segment_of(a[1][0]);
+  // Block of class 0 in the slab class 1 owns: dormant in pool 0. Class 0 needs that slab.
+  const std::vector<PoolBlock> keep = {{0, 1 + slab}};
+  const Status s = m.arena.Reserve(m.pools, std::vector<int64_t>{1, 0}, keep);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("does not own"), std::string::npos) << s.message();
+  m.Check();
+  EXPECT_EQ(m.arena.Usage(m.pools).classes[1].slabs, 1);
+  // Without the bad keep the same reservation moves the slab.
+  EXPECT_TRUE(m.arena.Reserve(m.pools, std::vector<int64_t>{1, 0}).ok());
+  m.Check();
+  EXPECT_EQ(m.arena.Usage(m.pools).classes[0].slabs, 2);
+}
+
 TEST(SlabArenaTest, ReserveNeverTakesAClassBelowItsOwnNeed) {
   Memory m(2, {2, 2});
   std::vector<std::vector<int32_t>> got;

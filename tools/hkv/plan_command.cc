@@ -81,12 +81,7 @@ Result<std::vector<AllocatorReport>> CompareAllocators(const Plan& plan,
     }
   }
   if (lengths.empty()) lengths = {o.seq_tokens};
-  AllocatorOptions ao;
-  ao.memory_bytes = o.memory_bytes;
-  ao.block_tokens = o.block_tokens;
-  ao.max_model_len = o.max_model_len;
-  ao.planning_tokens = o.seq_tokens;
-  ao.encoder_tokens = o.encoder_tokens;
+  const AllocatorOptions ao = AllocatorOptions::From(o);
   std::vector<AllocatorReport> reports;
   for (AllocatorMode mode : modes) {
     AllocatorReport& r = reports.emplace_back();

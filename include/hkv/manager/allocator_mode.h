@@ -56,6 +56,9 @@ struct AllocatorOptions {
   // Encoder tokens of that planning point; -1: the model's largest encoder input (0 without
   // cross attention). Also bounds the encoder tokens a request may bring (max_encoder_tokens).
   int64_t encoder_tokens = -1;
+
+  // The same budget, block, length, planning point and encoder tokens as a plan's options.
+  static AllocatorOptions From(const PlanOptions& plan);
 };
 
 struct Allocator {

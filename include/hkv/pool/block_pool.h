@@ -163,9 +163,15 @@ class BlockPool {
   void SegmentCached(int32_t block, int delta);
   // Onto the tail of `list` (or off all lists); `front`: onto its head instead.
   void MoveSegment(int32_t segment, uint8_t list, bool front = false);
-  // Whether every cached free block of an empty segment was queued at the head (tick 0): the
-  // segment is then worth no more than plain free memory of that age and sorts first.
-  bool CachedBlocksAtHead(int32_t segment) const;
+  // Whether no cached free block of the segment is queued at the tail (all it caches was freed
+  // to the head or demoted): once empty, it is worth no more than plain free memory and its
+  // slab sorts first. Released and Demote both follow this rule.
+  bool NothingCachedQueued(int32_t segment) const { return seg_cached_queued_[Seg(segment)] == 0; }
+  // Links a free block after `after` (-1: at the head) with eviction tick `tick` (0: queued at
+  // the head); Append, Prepend and InsertAfterHeadRun are its three uses.
+  void Link(int32_t block, int32_t after, uint64_t tick);
+  // Gives a block a prefix identity the index does not hold yet (stored event).
+  void Store(int32_t block, const PrefixKey& key);
 
   std::vector<int32_t> ref_;
   std::vector<int32_t> prev_, next_;  // free-list links, -1 at the ends
@@ -186,6 +192,7 @@ class BlockPool {
   // Segments.
   int32_t segment_blocks_ = 1;
   std::vector<int32_t> seg_held_, seg_cached_;
+  std::vector<int32_t> seg_cached_queued_;  // cached free blocks queued at the tail (tick != 0)
   std::vector<uint8_t> seg_list_;
   std::vector<int32_t> seg_prev_, seg_next_;
   std::vector<uint64_t> seg_tick_;
