@@ -117,21 +117,24 @@ Status Engine::AfterManagerCall() {
 
 Status Engine::MaybeCompact() {
   if (!options_.compact || !manager_->config().arena.enabled()) return Status::Ok();
-  const ArenaUsage u = manager_->Arena();
-  const std::vector<int32_t>& per = manager_->config().arena.pages_per_slab;
+  const ArenaConfig& arena = manager_->config().arena;
   bool due = false;
-  for (size_t c = 0; c < u.classes.size(); ++c) {
-    const ArenaClassUsage& k = u.classes[c];
+  compact_limits_.assign(arena.pages_per_slab.size(), 0);
+  for (size_t c = 0; c < compact_limits_.size(); ++c) {
+    const PoolUsage u = manager_->Usage(static_cast<int32_t>(c));
+    const int32_t per = arena.pages_per_slab[c];
     // A slab's worth of stranded pages is worth its page copies at any time. After a refusal,
     // a slab's worth of free pages in slabs the class holds is worth emptying a slab even if
     // some of them cache a prefix: losing that cache is cheaper than preempting a request.
-    const int64_t in_held_slabs = k.free_pages - k.empty_slabs * per[c];
-    due =
-        due || k.stranded_pages >= per[c] || (refused_since_compaction_ && in_held_slabs >= per[c]);
+    // Classes not due keep their cached pages: only the due ones are compacted.
+    if (u.num_stranded >= per || (refused_since_compaction_ && u.num_free_in_held_slabs >= per)) {
+      compact_limits_[c] = arena.num_slabs;
+      due = true;
+    }
   }
   refused_since_compaction_ = false;
   if (!due) return Status::Ok();
-  HKV_ASSIGN_OR_RETURN(const CompactionResult r, manager_->Compact(u.num_slabs));
+  HKV_ASSIGN_OR_RETURN(const CompactionResult r, manager_->Compact(compact_limits_));
   cache_.ApplyMoves(r.moves);
   HKV_RETURN_IF_ERROR(AfterManagerCall());
   counters_.compactions += r.slabs.empty() ? 0 : 1;

@@ -63,10 +63,10 @@ Result<VerifyReport> RunVerify(const ModelSpec& real, const VerifyOptions& o) {
     }
   }
   HKV_ASSIGN_OR_RETURN(Plan plan, MakePlan(spec, po));
-  if (plan.arena.enabled()) {
+  if (plan.arena.enabled() && o.memory_bytes == 0) {
     // Shared slabs: a request here holds up to ~8 states (live, write, rolling, draft snapshots,
-    // checkpoints) where the planning point counts one; the budget gets room for them, which
-    // tokens use whenever states do not.
+    // checkpoints) where the planning point counts one; the default budget gets room for them,
+    // which tokens use whenever states do not. A budget the caller gave is kept as given.
     for (const PageClass& pc : plan.page_classes) {
       for (int32_t g : pc.groups) {
         if (plan.groups[static_cast<size_t>(g)].is_state())

@@ -167,6 +167,9 @@ Status KvCacheManager::Impl::Allocate(Request& r, int64_t num_new, const PrefixH
     // Two-level memory: move slabs so every pool can allocate its need (nothing moves when it
     // cannot); the Apply step below then only draws from the pools.
     const Status reserved = arena.Reserve(pools, need, hit_keep);
+    // Anything but a shortage means the manager passed the arena bad pools or keeps: a bug, not
+    // a reason for the engine to preempt.
+    if (reserved.code() != StatusCode::kResourceExhausted) Must(reserved);
     if (!reserved.ok()) {
       ++stats.allocations_failed;
       return Status::ResourceExhausted(

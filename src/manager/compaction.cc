@@ -7,13 +7,28 @@
 namespace hkv {
 
 Result<CompactionResult> KvCacheManager::Compact(int64_t max_slabs_per_class) {
+  if (max_slabs_per_class < 1) {
+    return Status::InvalidArgument(
+        fmt::format("compact: max_slabs_per_class {}; expected >= 1", max_slabs_per_class));
+  }
+  const std::vector<int64_t> limits(impl_->pools.size(), max_slabs_per_class);
+  return impl_->Compact(limits);
+}
+
+Result<CompactionResult> KvCacheManager::Compact(std::span<const int64_t> max_slabs_per_class) {
   return impl_->Compact(max_slabs_per_class);
 }
 
-Result<CompactionResult> KvCacheManager::Impl::Compact(int64_t max_slabs) {
-  if (max_slabs < 1) {
+Result<CompactionResult> KvCacheManager::Impl::Compact(std::span<const int64_t> max_slabs) {
+  if (max_slabs.size() != pools.size()) {
     return Status::InvalidArgument(
-        fmt::format("compact: at most {} slabs per class; expected >= 1", max_slabs));
+        fmt::format("compact: {} per-class limits for {} pools", max_slabs.size(), pools.size()));
+  }
+  for (size_t p = 0; p < max_slabs.size(); ++p) {
+    if (max_slabs[p] < 0) {
+      return Status::InvalidArgument(
+          fmt::format("compact: class {} limit {}; expected >= 0", p, max_slabs[p]));
+    }
   }
   // An open step has handed out block ids the engine is about to use: moving them under it
   // would make it write pages the manager no longer gives that request.
@@ -28,7 +43,8 @@ Result<CompactionResult> KvCacheManager::Impl::Compact(int64_t max_slabs) {
   if (arena.num_slabs() == 0) return out;
   compaction.clear();
   for (size_t p = 0; p < pools.size(); ++p) {
-    Must(arena.PlanCompaction(pools, static_cast<int32_t>(p), max_slabs, compaction));
+    if (max_slabs[p] == 0) continue;
+    Must(arena.PlanCompaction(pools, static_cast<int32_t>(p), max_slabs[p], compaction));
   }
   if (compaction.slabs.empty()) return out;
   Must(arena.Compact(pools, compaction));
@@ -64,9 +80,7 @@ Result<CompactionResult> KvCacheManager::Impl::Compact(int64_t max_slabs) {
   for (const PageMove& m : compaction.moves) {
     moved_to[static_cast<size_t>(m.pool)][static_cast<size_t>(m.src)] = BlockPool::kNullBlock;
   }
-  out.moves = compaction.moves;
-  out.slabs = compaction.slabs;
-  return out;
+  return std::move(compaction);  // rare: the scratch's capacity is not worth a copy
 }
 
 }  // namespace hkv

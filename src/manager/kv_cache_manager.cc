@@ -185,7 +185,7 @@ void KvCacheManager::Impl::DemoteBeyondCap(const Request& r, int32_t group, int6
   }
   for (int64_t p = (begin / interval + 1) * interval; p <= end; p += interval) {
     const int64_t old = p - cap * interval;
-    if (old > r.own_from && IsIntervalOnly(r, p) && IsIntervalOnly(r, old)) {
+    if (old > r.own_from && IsIntervalOnly(r, old)) {
       DemoteCheckpoint(r, group, old);
     }
   }
@@ -576,7 +576,9 @@ const ManagerStats& KvCacheManager::stats() const {
 PoolUsage KvCacheManager::Usage(int32_t pool) const {
   if (pool < 0 || static_cast<size_t>(pool) >= impl_->pools.size()) return {};
   const BlockPool& bp = impl_->pools[static_cast<size_t>(pool)];
-  return {bp.num_owned(), bp.num_free(), bp.num_cached()};
+  if (impl_->arena.num_slabs() == 0) return {bp.num_owned(), bp.num_free(), bp.num_cached()};
+  return {bp.num_owned(), bp.num_free(), bp.num_cached(), bp.free_in_held_segments(),
+          bp.StrandedBlocks()};
 }
 
 std::vector<ManagerEvent> KvCacheManager::TakeEvents() {

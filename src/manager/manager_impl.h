@@ -160,7 +160,7 @@ struct KvCacheManager::Impl {
   Result<TruncateResult> Truncate(Request& r, int64_t n);
   Status Fork(const Request& parent, RequestId child);
   void FreeRequest(Request& r);
-  Result<CompactionResult> Compact(int64_t max_slabs_per_class);  // compaction.cc
+  Result<CompactionResult> Compact(std::span<const int64_t> max_slabs_per_class);  // compaction.cc
   void ReleaseTokenBlocksCoherently(Request& r);
   Status CheckInvariants() const;
 

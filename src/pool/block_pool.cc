@@ -256,6 +256,14 @@ void BlockPool::Store(int32_t b, const PrefixKey& key) {
   Record(KvEvent::Kind::kStored, key, b);
 }
 
+int32_t BlockPool::StrandedBlocks() const {
+  // Uncached free blocks, less those in empty segments (all their blocks are free).
+  int32_t in_empty = num_empty_ * segment_blocks_;
+  for (int32_t seg = empty_head_[kEmptyCached]; seg >= 0; seg = seg_next_[Seg(seg)])
+    in_empty -= seg_cached_[Seg(seg)];
+  return (num_free_ - num_free_cached_) - in_empty;
+}
+
 Status BlockPool::Demote(int32_t block) {
   HKV_RETURN_IF_ERROR(CheckBlockId(block, "demote"));
   const size_t i = static_cast<size_t>(block);
@@ -500,6 +508,14 @@ Status BlockPool::CheckInvariants() const {
         held[seg] > 0 ? kPartlyHeld : (cached[seg] > 0 ? kEmptyCached : kEmptyUncached);
     if (list != want) return fail(fmt::format("segment {} is on the wrong list", seg));
     empty += list != kPartlyHeld ? 1 : 0;
+  }
+  int32_t stranded = 0;
+  for (int32_t b = head_; b >= 0; b = next_[static_cast<size_t>(b)]) {
+    if (!has_key_[static_cast<size_t>(b)] && held[Seg(segment_of(b))] > 0) ++stranded;
+  }
+  if (stranded != StrandedBlocks()) {
+    return fail(fmt::format("{} free blocks are stranded but the count says {}", stranded,
+                            StrandedBlocks()));
   }
   if (owned != num_owned_) {
     return fail(fmt::format("{} blocks owned but the count says {}", owned, num_owned_));

@@ -411,17 +411,12 @@ ArenaUsage SlabArena::Usage(std::span<const BlockPool> pools) const {
   for (size_t p = 0; p < pools.size(); ++p) {
     const BlockPool& bp = pools[p];
     ArenaClassUsage& c = u.classes[p];
-    for (int32_t seg = 0; seg < bp.num_segments(); ++seg) {
-      if (!bp.segment_owned(seg)) continue;
-      ++c.slabs;
-      if (bp.segment_held(seg) == 0) ++c.empty_slabs;
-    }
+    c.slabs = bp.num_owned() / bp.segment_blocks();
+    c.empty_slabs = bp.num_empty_segments();
     c.free_pages = bp.num_free();
     c.held_pages = bp.num_owned() - bp.num_free();
     c.cached_pages = bp.num_free_cached();
-    for (int32_t b = bp.NextFree(-1); b >= 0; b = bp.NextFree(b)) {
-      if (!bp.has_identity(b) && bp.segment_held(bp.segment_of(b)) > 0) ++c.stranded_pages;
-    }
+    c.stranded_pages = bp.StrandedBlocks();
   }
   return u;
 }

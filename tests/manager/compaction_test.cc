@@ -139,6 +139,43 @@ TEST(CompactTest, EveryOtherPageRefusedThenCompactedThenAllocated) {
   ASSERT_FALSE(run.e().failed()) << run.e().Report();
 }
 
+// Per-class limits: a class given 0 is left alone (its cached pages stay), and limits of the
+// wrong count or sign are refused with nothing changed.
+TEST(CompactTest, PerClassLimitsLeaveOtherClassesAloneAndBadLimitsAreRefused) {
+  Result<KvCacheManager> made = KvCacheManager::Create(TwoLevel(6, 4, 1, false));
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  KvCacheManager& m = *made;
+  Scenario run(m);
+  Interleave(run, 1, 2, 7);
+  ASSERT_TRUE(run.e().Free(2).ok());
+  const int64_t stranded = m.Arena().classes[0].stranded_pages;
+  ASSERT_EQ(stranded, 8);
+  EXPECT_EQ(m.Usage(0).num_stranded, stranded);
+  EXPECT_GE(m.Usage(0).num_free_in_held_slabs, stranded);
+
+  const std::vector<int64_t> one = {100}, negative = {-1, 100};
+  const Result<CompactionResult> wrong_count = m.Compact(one);
+  EXPECT_EQ(wrong_count.status().code(), StatusCode::kInvalidArgument);
+  const Result<CompactionResult> wrong_sign = m.Compact(negative);
+  EXPECT_EQ(wrong_sign.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(wrong_sign.status().message().find("class 0"), std::string::npos)
+      << wrong_sign.status().message();
+  const std::vector<int64_t> states_only = {0, 100};
+  const Result<CompactionResult> untouched = m.Compact(states_only);
+  ASSERT_TRUE(untouched.ok()) << untouched.status().ToString();
+  EXPECT_TRUE(untouched->moves.empty());
+  EXPECT_EQ(m.Arena().classes[0].stranded_pages, stranded);
+  EXPECT_EQ(m.Arena().slabs_compacted, 0);
+  ASSERT_TRUE(m.CheckInvariants().ok());
+
+  const std::vector<int64_t> tokens_only = {100, 0};
+  Result<CompactionResult> c = m.Compact(tokens_only);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_FALSE(c->slabs.empty());
+  EXPECT_LT(m.Arena().classes[0].stranded_pages, 4);
+  ASSERT_TRUE(m.CheckInvariants().ok());
+}
+
 TEST(CompactTest, SharedPagesAndStatesFollowTheirMoves) {
   // States two to a slab, so they strand too; prefix caching on, so moved pages carry identities.
   Result<KvCacheManager> made = KvCacheManager::Create(TwoLevel(16, 4, 2, true));

@@ -148,7 +148,8 @@ class Engine {
   bool has_state_ = false;
   int64_t truncate_toggle_ = 0;
   bool preempted_this_step_ = false;
-  bool refused_since_compaction_ = false;  // an Allocate ran out of memory since the last one
+  bool refused_since_compaction_ = false;  // an Allocate ran out of memory since the last step
+  std::vector<int64_t> compact_limits_;    // MaybeCompact: slabs per class (0: not due)
 };
 
 // Compares a finished sequence with the dense reference: logits of every computed position

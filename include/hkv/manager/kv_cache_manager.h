@@ -52,15 +52,16 @@ struct PoolUsage {
   int32_t num_blocks = 0;  // excluding the null block
   int32_t num_free = 0;    // free, cached or not
   int32_t num_cached = 0;  // blocks with a prefix identity, held or free
-  double usage() const;    // held / num_blocks
+  // Two-level memory: free blocks in slabs that still hold blocks of this pool (what compaction
+  // could give back), and those of them caching nothing (stranded). Without it: 0.
+  int32_t num_free_in_held_slabs = 0;
+  int32_t num_stranded = 0;
+  double usage() const;  // held / num_blocks
 };
 
 // What Compact did: the moves the engine must perform (pool = page class; copy the whole page
 // src -> dst before the next step reads the cache) and the slabs returned to the shared memory.
-struct CompactionResult {
-  std::vector<PageMove> moves;
-  std::vector<int32_t> slabs;
-};
+using CompactionResult = CompactionPlan;
 
 struct ManagerStats {
   int64_t lookups = 0;
@@ -124,6 +125,9 @@ class KvCacheManager {
   // (nothing changed) while any request has an open step; an empty result without two-level
   // memory or when no slab can be emptied.
   Result<CompactionResult> Compact(int64_t max_slabs_per_class);
+  // The same with a limit per class (one per pool, each >= 0; 0 leaves the class alone): an
+  // engine compacts only the classes that strand memory, so the others keep their cached pages.
+  Result<CompactionResult> Compact(std::span<const int64_t> max_slabs_per_class);
 
   // Per-step views. They stay valid until the next mutating call.
   Result<StepInfo> Step(RequestId id) const;

@@ -116,6 +116,12 @@ class BlockPool {
   // The next segment on the same empty-segment list, in age order; -1 at its end.
   int32_t NextEmptySegment(int32_t segment) const { return seg_next_[Seg(segment)]; }
   int32_t num_empty_segments() const { return num_empty_; }
+  // Free blocks in owned segments that still hold a block, cached or not: what emptying such a
+  // segment (compaction) could give back. O(1).
+  int32_t free_in_held_segments() const { return num_free_ - num_empty_ * segment_blocks_; }
+  // Those of them that cache nothing: stranded, no other class can use them. O(empty segments
+  // that still cache), not a walk of the free list.
+  int32_t StrandedBlocks() const;
   // Owned blocks (free or held), free blocks with a prefix identity.
   int32_t num_owned() const { return num_owned_; }
   int32_t num_free_cached() const { return num_free_cached_; }
