@@ -70,9 +70,12 @@ BENCHMARK(BM_FindHit)->Arg(1 << 10)->Arg(10 << 10)->Arg(100 << 10);
 // check. Two-level: the same pages from a SlabArena of Bamba-9B's shape (a slab is one 59 MiB
 // state or 316 attention pages; 275 slabs), Reserve then Allocate. Half of memory is held by
 // other requests throughout, so the arena's pools are partly carved and partly cached.
+// Argument 1: pages are published (the prefix index on the path, evictions from the cache);
+// 0: plain allocation and release, nothing cached.
 struct Step {
   std::vector<int32_t> attn, state;
   uint64_t key = 0;
+  bool publish = true;
 };
 
 // Keys as random as real chain digests.
@@ -95,8 +98,10 @@ void RunStep(std::vector<BlockPool>& pools, SlabArena* arena, Step& s) {
   s.state.clear();
   (void)pools[0].Allocate(16, s.attn);
   (void)pools[1].Allocate(1, s.state);
-  Publish(pools[0], s.attn, s.key);
-  Publish(pools[1], s.state, s.key);
+  if (s.publish) {
+    Publish(pools[0], s.attn, s.key);
+    Publish(pools[1], s.state, s.key);
+  }
   std::reverse(s.attn.begin(), s.attn.end());
   (void)pools[0].Free(s.attn);
   (void)pools[1].Free(s.state);
@@ -110,11 +115,12 @@ void BM_StepFixedPools(benchmark::State& state) {
   (void)pools[0].Allocate(pools[0].num_free() / 2, held_a);
   (void)pools[1].Allocate(pools[1].num_free() / 2, held_s);
   Step s;
+  s.publish = state.range(0) != 0;
   for (auto _ : state)
     RunStep(pools, nullptr, s);
   state.SetItemsProcessed(state.iterations() * 17);
 }
-BENCHMARK(BM_StepFixedPools);
+BENCHMARK(BM_StepFixedPools)->Arg(1)->Arg(0);
 
 void BM_StepTwoLevel(benchmark::State& state) {
   const std::vector<int32_t> per = {316, 1};
@@ -126,11 +132,12 @@ void BM_StepTwoLevel(benchmark::State& state) {
   (void)pools[0].Allocate(static_cast<int32_t>(half[0]), held_a);
   (void)pools[1].Allocate(static_cast<int32_t>(half[1]), held_s);
   Step s;
+  s.publish = state.range(0) != 0;
   for (auto _ : state)
     RunStep(pools, &arena, s);
   state.SetItemsProcessed(state.iterations() * 17);
 }
-BENCHMARK(BM_StepTwoLevel);
+BENCHMARK(BM_StepTwoLevel)->Arg(1)->Arg(0);
 
 // Demand swinging between classes every step: a slab's worth of attention pages, then as many
 // states as fit in that slab; every step moves a slab (carving or taking it from the other

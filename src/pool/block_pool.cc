@@ -36,7 +36,8 @@ BlockPool::BlockPool(int32_t num_segments, int32_t segment_blocks, bool owned,
       on_list_(ref_.size(), 0),
       key_(ref_.size()),
       has_key_(ref_.size(), 0),
-      index_(static_cast<int32_t>(ref_.size())),
+      // A segmented pool starts with no pages; AddSegment grows the table as it gains them.
+      index_(owned ? static_cast<int32_t>(ref_.size()) : 0),
       record_events_(record_events),
       pending_(ref_.size(), 0),
       tick_(ref_.size(), 0),
@@ -242,18 +243,18 @@ Status BlockPool::Publish(int32_t block, const PrefixKey& key) {
     return Status::FailedPrecondition(
         fmt::format("publish: block {} already has a prefix identity", block));
   }
-  if (index_.Find(key) >= 0) return Status::Ok();
-  Store(block, key);
+  (void)Store(block, key);  // another block holding key already: the first keeps it
   return Status::Ok();
 }
 
-void BlockPool::Store(int32_t b, const PrefixKey& key) {
+bool BlockPool::Store(int32_t b, const PrefixKey& key) {
   const size_t i = static_cast<size_t>(b);
-  index_.Insert(key, b);
+  if (index_.Emplace(key, b) >= 0) return false;
   key_[i] = key;
   has_key_[i] = 1;
   SegmentCached(b, +1);
   Record(KvEvent::Kind::kStored, key, b);
+  return true;
 }
 
 int32_t BlockPool::StrandedBlocks() const {
@@ -354,7 +355,7 @@ Status BlockPool::MoveHeld(int32_t src, int32_t dst) {
     // Removed before stored: a consumer keyed by prefix never sees the key on two blocks.
     const PrefixKey key = key_[s];
     DropIdentity(src);
-    Store(dst, key);
+    (void)Store(dst, key);  // key was src's alone
   }
   ref_[s] = 0;
   Prepend(src);  // worthless now: reused before anything cached
@@ -379,6 +380,7 @@ Status BlockPool::AddSegment(int32_t segment) {
     return Status::FailedPrecondition(
         fmt::format("add segment: segment {} is already owned by this pool", segment));
   }
+  index_.Reserve(num_owned_ + segment_blocks_);
   seg_tick_[Seg(segment)] = *clock_;
   MoveSegment(segment, kEmptyUncached);
   const int32_t first = segment * segment_blocks_ + 1;

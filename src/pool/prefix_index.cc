@@ -4,13 +4,29 @@
 
 namespace hkv {
 
-PrefixIndex::PrefixIndex(int32_t max_entries) {
+size_t PrefixIndex::CapacityFor(int32_t max_entries) {
   // At most half full: probe runs stay short.
   size_t capacity = 8;
   while (capacity < 2 * static_cast<size_t>(max_entries > 0 ? max_entries : 1))
     capacity *= 2;
+  return capacity;
+}
+
+PrefixIndex::PrefixIndex(int32_t max_entries) {
+  const size_t capacity = CapacityFor(max_entries);
   slots_.resize(capacity);
   mask_ = capacity - 1;
+}
+
+void PrefixIndex::Reserve(int32_t max_entries) {
+  const size_t capacity = CapacityFor(max_entries);
+  if (capacity <= slots_.size()) return;
+  std::vector<Slot> old(capacity);
+  old.swap(slots_);
+  mask_ = capacity - 1;
+  for (const Slot& s : old) {
+    if (s.block >= 0) slots_[Probe(s.key)] = s;
+  }
 }
 
 size_t PrefixIndex::Probe(const PrefixKey& key) const {
@@ -29,6 +45,14 @@ void PrefixIndex::Insert(const PrefixKey& key, int32_t block) {
   assert(slots_[i].block < 0 && "PrefixIndex::Insert of a present key");
   slots_[i] = {key, block};
   ++size_;
+}
+
+int32_t PrefixIndex::Emplace(const PrefixKey& key, int32_t block) {
+  const size_t i = Probe(key);
+  if (slots_[i].block >= 0) return slots_[i].block;
+  slots_[i] = {key, block};
+  ++size_;
+  return -1;
 }
 
 bool PrefixIndex::Erase(const PrefixKey& key) {

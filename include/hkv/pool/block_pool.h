@@ -26,6 +26,8 @@
 //   compaction: afterwards the caller must hold dst wherever it held src, and the contents must be
 //   copied by whoever owns the memory. The prefix index then maps the key to dst.
 // Metadata is struct-of-arrays, sized once; steady-state calls do not allocate (events aside).
+// The prefix index is the exception that keeps it small: a segmented pool grows it in AddSegment
+// when it owns more pages than ever before (so once its share of the arena has settled, never).
 #pragma once
 
 #include <cstdint>
@@ -176,8 +178,9 @@ class BlockPool {
   // Links a free block after `after` (-1: at the head) with eviction tick `tick` (0: queued at
   // the head); Append, Prepend and InsertAfterHeadRun are its three uses.
   void Link(int32_t block, int32_t after, uint64_t tick);
-  // Gives a block a prefix identity the index does not hold yet (stored event).
-  void Store(int32_t block, const PrefixKey& key);
+  // Gives a block a prefix identity (stored event), probing the index once; when another block
+  // holds the identity already, changes nothing.
+  bool Store(int32_t block, const PrefixKey& key);  // false: another block holds key
 
   std::vector<int32_t> ref_;
   std::vector<int32_t> prev_, next_;  // free-list links, -1 at the ends

@@ -1,9 +1,13 @@
 // PrefixIndex: the map from prefix identity to the block that holds it.
 //
-// Contract: an open-addressing table (linear probing, backward-shift deletion) sized once for at
-// most `max_entries` entries, so Find/Insert/Erase are O(1) expected and never allocate after
-// construction. Keys are unique: Insert of a present key is a programming error (the pool checks
-// with Find first). Private to the pool part, exposed for its tests.
+// Contract: an open-addressing table (linear probing, backward-shift deletion) kept at most half
+// full for the entries it was reserved for, so Find/Insert/Erase are O(1) expected. It allocates
+// only in the constructor and in Reserve, never in Find/Insert/Erase: its owner reserves room
+// for every block it may hold identities on before publishing them (a pool of a slab arena
+// reserves as it gains slabs, so its table is sized for the pages it has owned, not for every
+// slab it could own — a table twice as large costs cache misses on every probe). Keys are
+// unique: Insert of a present key is a programming error; Emplace checks and inserts with one
+// probe. Private to the pool part, exposed for its tests.
 #pragma once
 
 #include <cstdint>
@@ -17,11 +21,18 @@ class PrefixIndex {
  public:
   explicit PrefixIndex(int32_t max_entries);
 
+  // Grows the table (rehashing every entry) when it is sized for fewer than max_entries.
+  void Reserve(int32_t max_entries);
+
   int32_t Find(const PrefixKey& key) const;  // block id, or -1
   void Insert(const PrefixKey& key, int32_t block);
+  // Inserts key -> block when key is absent and returns -1; otherwise returns the block that
+  // holds key and changes nothing.
+  int32_t Emplace(const PrefixKey& key, int32_t block);
   bool Erase(const PrefixKey& key);  // false when absent
   void Clear();
   int32_t size() const { return size_; }
+  size_t capacity() const { return slots_.size(); }
 
   // Calls f(key, block) for every entry, in table order.
   template <typename F>
@@ -36,6 +47,7 @@ class PrefixIndex {
     PrefixKey key;
     int32_t block = -1;  // -1: empty
   };
+  static size_t CapacityFor(int32_t max_entries);
   size_t Home(const PrefixKey& key) const { return PrefixKeyHash{}(key)&mask_; }
   size_t Probe(
       const PrefixKey& key) const;  // the slot holding key, or the empty slot ending its run
