@@ -494,7 +494,7 @@ Result<std::span<const int32_t>> KvCacheManager::BlockTable(RequestId id, int32_
 }
 
 Status KvCacheManager::SlotMapping(RequestId id, int32_t group, int64_t begin, int64_t end,
-                                   std::vector<int64_t>& out) const {
+                                   std::span<int64_t> out) const {
   const Request* r = impl_->Find(id);
   if (r == nullptr) return impl_->Unknown("slot mapping", id);
   HKV_RETURN_IF_ERROR(CheckGroup(impl_->config, "slot mapping", group));
@@ -518,9 +518,13 @@ Status KvCacheManager::SlotMapping(RequestId id, int32_t group, int64_t begin, i
           id, group));
     }
   }
+  if (static_cast<int64_t>(out.size()) != end - begin) {
+    return Status::InvalidArgument(
+        fmt::format("slot mapping: an output of {} slots for the {} positions [{}, {})", out.size(),
+                    end - begin, begin, end));
+  }
   // One block at a time: slots within a block are consecutive.
-  size_t at = out.size();
-  out.resize(at + static_cast<size_t>(end - begin));
+  size_t at = 0;
   for (int64_t p = begin; p < end;) {
     const int64_t block_end = std::min(end, (p / bs + 1) * bs);
     int64_t slot = int64_t{table[static_cast<size_t>(p / bs)]} * bs + p % bs;
@@ -528,6 +532,15 @@ Status KvCacheManager::SlotMapping(RequestId id, int32_t group, int64_t begin, i
       out[at++] = slot++;
   }
   return Status::Ok();
+}
+
+Status KvCacheManager::SlotMapping(RequestId id, int32_t group, int64_t begin, int64_t end,
+                                   std::vector<int64_t>& out) const {
+  const size_t at = out.size();
+  out.resize(at + static_cast<size_t>(std::max<int64_t>(end - begin, 0)));
+  Status st = SlotMapping(id, group, begin, end, std::span<int64_t>(out).subspan(at));
+  if (!st.ok()) out.resize(at);
+  return st;
 }
 
 Result<StateStep> KvCacheManager::State(RequestId id, int32_t group) const {

@@ -182,6 +182,16 @@ TEST_F(BadInput, ViewsOfGroupsOutOfRangeOrOfTheWrongKind) {
   Refused(StatusCode::kInvalidArgument, "outside the reserved",
           [&] { return m.SlotMapping(2, 0, 4, 9, slots); });
   EXPECT_TRUE(slots.empty());
+  // Into a caller's buffer: its size must match the range; on error nothing is written.
+  std::vector<int64_t> buffer(5, -7);
+  Refused(StatusCode::kInvalidArgument, "an output of 5 slots for the 4 positions",
+          [&] { return m.SlotMapping(2, 0, 1, 5, std::span<int64_t>(buffer)); });
+  Refused(StatusCode::kInvalidArgument, "outside the reserved",
+          [&] { return m.SlotMapping(2, 0, 4, 9, std::span<int64_t>(buffer)); });
+  EXPECT_EQ(buffer, std::vector<int64_t>(5, -7));
+  ASSERT_TRUE(m.SlotMapping(2, 0, 1, 6, std::span<int64_t>(buffer)).ok());
+  ASSERT_TRUE(m.SlotMapping(2, 0, 1, 6, slots).ok());
+  EXPECT_EQ(buffer, slots);
   ASSERT_TRUE(m.Commit(2, 6).ok());
 }
 

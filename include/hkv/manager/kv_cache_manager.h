@@ -136,6 +136,10 @@ class KvCacheManager {
   // group. Positions must be reserved and kept by the group (not released by a window).
   Status SlotMapping(RequestId id, int32_t group, int64_t begin, int64_t end,
                      std::vector<int64_t>& out) const;
+  // The same written into `out`, which must hold exactly end - begin slots (a caller's buffer,
+  // e.g. a tensor the kernel reads; nothing is written on error).
+  Status SlotMapping(RequestId id, int32_t group, int64_t begin, int64_t end,
+                     std::span<int64_t> out) const;
   Result<StateStep> State(RequestId id, int32_t group) const;
 
   // Request facts.

@@ -1,0 +1,20 @@
+// The hybridkv Python module: the library's KV-cache manager for engines that schedule in Python.
+#include <pybind11/pybind11.h>
+
+#include "bindings.h"
+#include "status_error.h"
+
+PYBIND11_MODULE(hybridkv, m) {
+  m.doc() =
+      "hybridkv: KV-cache memory management for hybrid LLMs (full, sliding-window, chunked, "
+      "cross-attention, MLA and recurrent layers).\n\n"
+      "Load a model config, plan its memory (make_plan / make_allocator), create a KvCacheManager "
+      "and drive it per step: add_request, lookup, allocate, commit, append_tokens, free. Block "
+      "tables and slot mappings come out as numpy arrays. Errors raise hybridkv.Error subclasses "
+      "with the library's message; a failed call changes nothing.";
+  m.attr("__version__") = "0.1.0";
+  hkv::python::RegisterErrors(m);
+  hkv::python::BindModel(m);
+  hkv::python::BindManager(m);
+  hkv::python::BindTrace(m);
+}

@@ -1,0 +1,338 @@
+"""Every KvCacheManager call from Python: results, numpy views, batched calls, errors."""
+import threading
+
+import numpy as np
+import pytest
+
+import hybridkv
+from conftest import full_attention_config
+
+
+def run_prompt(mgr, rid, tokens, hit=None):
+    """Adds, looks up and prefills a request in one step; returns the hit."""
+    mgr.add_request(rid, np.asarray(tokens, dtype=np.int32))
+    hit = mgr.lookup(rid) if hit is None else hit
+    mgr.allocate(rid, len(tokens) - hit.tokens, hit)
+    mgr.commit(rid, len(tokens))
+    return hit
+
+
+def test_a_request_from_prompt_to_free_and_a_hit_for_the_next(small):
+    prompt = np.arange(10, dtype=np.int32)
+    small.add_request(1, prompt)
+    assert 1 in small and small.contains(1) and len(small) == 1 and small.num_requests == 1
+    hit = small.lookup(1)
+    assert (hit.tokens, hit.encoder) == (0, False)
+    small.allocate(1, 10, hit)
+    step = small.step(1)
+    assert (step["begin"], step["end"], step["reserved_end"], step["run_encoder"]) == (0, 10, 10, False)
+    assert step["copies"].shape == (0, 3)
+    table = small.block_table(1, 0)
+    assert table.dtype == np.int32 and len(table) == 3 and 0 not in table
+    slots = small.slot_mapping(1, 0, 0, 10)
+    assert slots.dtype == np.int64
+    assert list(slots[:4]) == [table[0] * 4 + k for k in range(4)]
+    assert slots[9] == table[2] * 4 + 1
+    small.commit(1, 10)
+    small.append_tokens(1, [42])
+    assert small.num_tokens(1) == 11 and small.num_computed(1) == 10
+    small.check_invariants()
+    small.free(1)
+    assert 1 not in small and len(small) == 0
+    # The next request with the same prompt hits its two full blocks (at most prompt - 1 tokens).
+    hit = run_prompt(small, 2, prompt)
+    assert hit.tokens == 8
+    assert small.stats.lookups == 2 and small.stats.hit_tokens == 8
+    assert small.stats.lookup_tokens == 20
+    small.check_invariants()
+
+
+def test_block_table_is_a_read_only_view_of_the_managers_memory(small):
+    run_prompt(small, 1, range(10))
+    a = small.block_table(1, 0)
+    b = small.block_table(1, 0)
+    assert np.shares_memory(a, b)  # both read the manager's own table: no copy
+    assert not a.flags.writeable
+    with pytest.raises(ValueError):
+        a[0] = 5
+    assert a.base is small  # the view keeps the manager alive
+    kept = a.copy()
+    small.free(1)
+    assert kept.flags.writeable and len(kept) == 3
+
+
+def test_slot_mapping_into_a_callers_buffer(small):
+    small.add_request(1, np.arange(10, dtype=np.int32))
+    small.allocate(1, 10)
+    out = np.full(6, -1, dtype=np.int64)
+    same = small.slot_mapping(1, 0, 2, 8, out=out)
+    assert same is out
+    assert list(out) == list(small.slot_mapping(1, 0, 2, 8))
+    wrong = np.full(5, -1, dtype=np.int64)
+    with pytest.raises(hybridkv.InvalidArgumentError) as e:
+        small.slot_mapping(1, 0, 2, 8, out=wrong)
+    assert "5 slots for the 6 positions" in str(e.value)
+    assert list(wrong) == [-1] * 5  # nothing written
+    with pytest.raises(hybridkv.InvalidArgumentError) as e:
+        small.slot_mapping(1, 0, 8, 2)
+    assert "before begin" in str(e.value)
+    with pytest.raises(hybridkv.InvalidArgumentError) as e:
+        small.slot_mapping(1, 0, 0, 11)
+    assert "outside the reserved" in str(e.value)
+    for bad in (np.zeros(6, dtype=np.int32), np.zeros(12, dtype=np.int64)[::2], [0] * 6):
+        with pytest.raises(hybridkv.InvalidArgumentError) as e:
+            small.slot_mapping(1, 0, 0, 6, out=bad)  # a converted copy would get the slots
+        assert "C-contiguous 1-d numpy array of int64" in str(e.value)
+
+
+def test_refusals_change_nothing_and_map_to_exception_classes(small):
+    run_prompt(small, 1, range(10))
+    before = (small.usage(0).num_free, small.free_list_order(0))
+    small.add_request(2, np.arange(100, 140, dtype=np.int32))
+    with pytest.raises(hybridkv.ResourceExhaustedError) as e:
+        small.allocate(2, 40)  # 10 blocks, 5 free
+    assert "blocks" in str(e.value)
+    assert (small.usage(0).num_free, small.free_list_order(0)) == before
+    assert small.stats.allocations_failed == 1
+    with pytest.raises(hybridkv.NotFoundError) as e:
+        small.allocate(77, 1)
+    assert "77" in str(e.value) and isinstance(e.value, LookupError)
+    with pytest.raises(hybridkv.NotFoundError):
+        small.free(77)
+    small.free(2)
+    with pytest.raises(hybridkv.NotFoundError):  # double free
+        small.free(2)
+    with pytest.raises(hybridkv.Error) as e:
+        small.add_request(1, [1, 2])
+    assert "1" in str(e.value)
+    with pytest.raises(hybridkv.InvalidArgumentError) as e:
+        small.add_request(3, np.zeros(0, dtype=np.int32))
+    assert "empty" in str(e.value)
+    with pytest.raises(hybridkv.InvalidArgumentError) as e:
+        small.add_request(3, np.zeros((2, 2), dtype=np.int32))
+    assert "1-d" in str(e.value)
+    with pytest.raises(hybridkv.InvalidArgumentError) as e:
+        small.add_request(3, [1, -2])
+    assert "negative" in str(e.value)
+    with pytest.raises(hybridkv.InvalidArgumentError):
+        small.add_request(3, np.arange(65, dtype=np.int32))  # beyond max_model_len
+    small.add_request(3, [1, 2, 3])
+    small.allocate(3, 2)
+    with pytest.raises(hybridkv.FailedPreconditionError) as e:
+        small.allocate(3, 1)
+    assert "open" in str(e.value)
+    with pytest.raises(hybridkv.InvalidArgumentError):
+        small.commit(3, 9)
+    with pytest.raises(hybridkv.FailedPreconditionError):
+        small.reset_prefix_cache()
+    with pytest.raises(hybridkv.InvalidArgumentError):
+        small.block_table(3, 4)
+    for call in (small.usage, small.free_list_order, small.uncached_free_blocks):
+        with pytest.raises(hybridkv.InvalidArgumentError) as e:
+            call(9)
+        assert "9" in str(e.value)
+    small.check_invariants()
+
+
+def test_fork_copies_the_shared_partial_block_and_truncate_rolls_back(small):
+    run_prompt(small, 1, range(6))
+    small.append_tokens(1, [50])
+    small.fork(1, 2)
+    assert small.num_tokens(2) == 7 and small.num_computed(2) == 6
+    small.allocate(2, 1)
+    copies = small.step(2)["copies"]
+    assert copies.shape == (1, 3)
+    group, src, dst = copies[0]
+    assert group == 0 and src == small.block_table(1, 0)[1] and dst == small.block_table(2, 0)[1]
+    assert src != dst
+    small.commit(2, 7)
+    r = small.truncate(2, 3)
+    assert (r.tokens, r.computed) == (3, 3)
+    assert "TruncateResult" in repr(r)
+    with pytest.raises(hybridkv.InvalidArgumentError):
+        small.truncate(2, 99)
+    small.check_invariants()
+
+
+def test_events_and_reset(small):
+    run_prompt(small, 1, range(10))
+    events = small.take_events()
+    assert [e.kind for e in events] == ["stored", "stored"]
+    assert all(e.pool == 0 and e.group == 0 and 0 <= e.hash < 2**128 for e in events)
+    assert events[0].hash != events[1].hash
+    assert {e.block for e in events} == set(small.block_table(1, 0)[:2].tolist())
+    assert small.take_events() == []
+    small.free(1)
+    assert small.usage(0).num_cached == 2
+    assert len(small.uncached_free_blocks(0)) == 6
+    small.reset_prefix_cache()
+    assert [e.kind for e in small.take_events()] == ["cleared"]
+    assert small.usage(0).num_cached == 0
+
+
+def test_request_options_salt_adapter_items_and_retention(small):
+    run_prompt(small, 1, range(10))
+    small.free(1)
+    small.add_request(2, np.arange(10, dtype=np.int32), cache_salt="tenant-b")
+    assert small.lookup(2).tokens == 0  # another salt never shares
+    small.add_request(3, np.arange(10, dtype=np.int32), adapter_id=5)
+    assert small.lookup(3).tokens == 0
+    small.add_request(4, np.arange(10, dtype=np.int32), items=[(2**100 + 7, 4, 4)])
+    assert small.lookup(4).tokens == 4  # the image changes the digest from block 1 on
+    small.add_request(5, np.arange(10, dtype=np.int32), low_retention=True)
+    assert small.lookup(5).tokens == 8
+    with pytest.raises(hybridkv.InvalidArgumentError) as e:
+        small.add_request(6, [1, 2], items=[(-1, 0, 1)])
+    assert "2^128" in str(e.value)
+    with pytest.raises(hybridkv.InvalidArgumentError):
+        small.add_request(6, [1, 2], items=[(1, 1, 5)])  # outside the prompt
+    with pytest.raises(hybridkv.InvalidArgumentError):
+        small.add_request(6, [1, 2], encoder_tokens=4, encoder_input=9)  # no cross attention
+    assert 6 not in small
+
+
+def test_batched_step_calls_match_the_per_request_ones():
+    mgr = hybridkv.KvCacheManager(full_attention_config(num_blocks=33, max_model_len=256))
+    ids = np.array([10, 11, 12], dtype=np.uint64)
+    for i, rid in enumerate(ids):
+        run_prompt(mgr, int(rid), range(100 * i, 100 * i + 5 + 3 * i))
+    mgr.append_tokens_batch(ids, np.array([1, 2, 3], dtype=np.int32))
+    assert [mgr.num_tokens(int(r)) for r in ids] == [6, 9, 12]
+    assert mgr.allocate_batch(ids, np.array([1, 1, 1])) == 3
+    tables = mgr.block_tables(ids, 0)
+    assert tables.shape == (3, 3) and tables.dtype == np.int32
+    for row, rid in zip(tables, ids):
+        t = mgr.block_table(int(rid), 0)
+        assert list(row[:len(t)]) == list(t) and all(row[len(t):] == 0)
+    out = np.full((3, 8), -1, dtype=np.int32)
+    assert mgr.block_tables(ids, 0, out=out) is out and (out[:, 3:] == 0).all()
+    with pytest.raises(hybridkv.InvalidArgumentError) as e:
+        mgr.block_tables(ids, 0, out=np.zeros((3, 2), dtype=np.int32))
+    assert "at least 3 columns" in str(e.value)
+    slots = mgr.step_slot_mapping(ids, 0)
+    expected = np.concatenate([mgr.slot_mapping(int(r), 0, mgr.step(int(r))["begin"],
+                                                mgr.step(int(r))["end"]) for r in ids])
+    assert slots.dtype == np.int64 and list(slots) == list(expected)
+    mgr.commit_batch(ids, np.array([6, 9, 12]))
+    assert [mgr.num_computed(int(r)) for r in ids] == [6, 9, 12]
+    with pytest.raises(hybridkv.InvalidArgumentError) as e:
+        mgr.commit_batch(ids, np.array([1, 2]))
+    assert "3 ids but 2 positions" in str(e.value)
+    with pytest.raises(hybridkv.InvalidArgumentError):
+        mgr.allocate_batch(ids, np.array([1]))
+    with pytest.raises(hybridkv.InvalidArgumentError):
+        mgr.append_tokens_batch(ids, np.array([1], dtype=np.int32))
+    # Blocks run short part-way: the batch stops there and reports how many got theirs.
+    mgr.append_tokens_batch(ids, np.array([4, 5, 6], dtype=np.int32))
+    free = mgr.usage(0).num_free
+    mgr.add_request(13, np.arange(4 * free, dtype=np.int32))
+    mgr.allocate(13, 4 * free)
+    # Positions 6 and 9 fit in blocks the first two hold; position 12 needs a new block.
+    assert mgr.allocate_batch(ids, np.array([1, 1, 1])) == 2
+    assert mgr.num_computed(12) == 12 and mgr.block_table(12, 0).shape == (3,)
+    mgr.commit_batch(ids[:2], np.array([7, 10]))
+    mgr.free(13)
+    assert mgr.allocate_batch(ids[2:], np.array([1])) == 1
+    with pytest.raises(hybridkv.FailedPreconditionError):
+        mgr.allocate_batch(ids[2:], np.array([1]))  # its step is open
+    mgr.check_invariants()
+
+
+def two_level_config():
+    """Three slabs of four 4-token pages, one full-attention group."""
+    c = full_attention_config(num_blocks=13)
+    c.num_slabs = 3
+    c.pages_per_slab = [4]
+    c.validate()
+    return c
+
+
+def test_compaction_moves_pages_out_of_sparse_slabs_and_arena_usage():
+    mgr = hybridkv.KvCacheManager(two_level_config())
+    for rid in range(12):
+        run_prompt(mgr, rid, [1000 + rid])  # one page each, nothing cached (no full block)
+    for rid in range(0, 12, 2):
+        mgr.free(rid)  # every slab keeps half its pages
+    arena = mgr.arena()
+    assert arena.num_slabs == 3 and len(arena.classes) == 1
+    assert arena.classes[0].held_pages == 6 and arena.classes[0].stranded_pages == 6
+    assert mgr.usage(0).num_stranded == 6
+    mgr.add_request(99, [5])
+    mgr.allocate(99, 1)
+    with pytest.raises(hybridkv.FailedPreconditionError):
+        mgr.compact(3)  # a step is open
+    mgr.commit(99, 1)
+    moves, slabs = mgr.compact(3)
+    assert moves.dtype == np.int32 and moves.shape[1] == 3 and len(moves) >= 2
+    assert len(slabs) == 1 and (moves[:, 0] == 0).all()
+    assert mgr.arena().slabs_compacted == 1 and mgr.arena().pages_moved == len(moves)
+    with pytest.raises(hybridkv.InvalidArgumentError):
+        mgr.compact(0)
+    moves, slabs = mgr.compact([1])
+    assert slabs == [] or len(slabs) <= 1
+    mgr.check_invariants()
+    plain = hybridkv.KvCacheManager(full_attention_config())
+    moves, slabs = plain.compact(1)
+    assert moves.shape == (0, 3) and slabs == []
+
+
+def test_recurrent_state_slots(bamba):
+    cfg = hybridkv.make_allocator(bamba, "hybridkv", memory="4GiB").config
+    state_group = [g.kind for g in cfg.groups].index("state")
+    mgr = hybridkv.KvCacheManager(cfg)
+    mgr.add_request(1, np.arange(40, dtype=np.int32))
+    mgr.allocate(1, 40)
+    st = mgr.state(1, state_group)
+    assert st["read"] == 0 and st["write"] > 0 and isinstance(st["snapshots"], list)
+    with pytest.raises(hybridkv.InvalidArgumentError) as e:
+        mgr.state(1, 1 - state_group if state_group < 2 else 0)
+    assert "not a state group" in str(e.value)
+    with pytest.raises(hybridkv.InvalidArgumentError):
+        mgr.block_table(1, state_group)
+    mgr.commit(1, 40)
+    mgr.free(1)
+    mgr.add_request(2, np.arange(40, dtype=np.int32))
+    assert mgr.lookup(2).tokens > 0  # the prompt-end checkpoint serves a hit
+    mgr.check_invariants()
+
+
+def test_config_usage_and_stats_read_back(small):
+    cfg = small.config
+    assert cfg.pool_blocks == [9] and cfg.groups[0].block_tokens == 4
+    u = small.usage(0)
+    assert (u.num_blocks, u.num_free, u.num_cached, u.usage) == (8, 8, 0, 0.0)
+    run_prompt(small, 1, range(10))
+    u = small.usage(0)
+    assert (u.num_free, u.usage) == (5, 3 / 8)
+    assert small.free_list_order(0) == sorted(small.free_list_order(0))
+    assert small.arena().num_slabs == 0
+    s = small.stats
+    assert (s.lookups, s.encoder_lookups, s.encoder_hits, s.recomputed_tokens) == (1, 0, 0, 0)
+
+
+def test_threads_share_a_manager_safely():
+    mgr = hybridkv.KvCacheManager(full_attention_config(num_blocks=129, max_model_len=256))
+    errors = []
+
+    def worker(base):
+        try:
+            for k in range(200):
+                rid = base * 1000 + k
+                tokens = np.arange(k % 7, k % 7 + 20, dtype=np.int32)
+                mgr.add_request(rid, tokens)
+                hit = mgr.lookup(rid)
+                mgr.allocate(rid, 20 - hit.tokens, hit)
+                mgr.block_table(rid, 0).copy()
+                mgr.commit(rid, 20)
+                mgr.free(rid)
+        except Exception as e:  # reported below; a crash would end the process instead
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(b,)) for b in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len(mgr) == 0
+    mgr.check_invariants()
