@@ -98,6 +98,7 @@ Status KvCacheManager::Impl::Allocate(Request& r, int64_t num_new, const PrefixH
   hit_keep.clear();
   const int64_t divergence = r.started ? r.divergence : DivergenceOf(r, hit.tokens);
   PlanSnapshots(r, begin, end, divergence, positions);
+  const int64_t window_branch = r.started ? r.window_branch : WindowBranchOf(r, hit.tokens);
   const auto stale = [&](const char* what) {
     return Status::FailedPrecondition(fmt::format(
         "allocate: request {}: the prefix hit went stale ({} evicted since Lookup); look up "
@@ -276,6 +277,7 @@ Status KvCacheManager::Impl::Allocate(Request& r, int64_t num_new, const PrefixH
     gs.held.clear();
   }
   if (!r.started) r.own_from = begin;
+  r.window_branch = window_branch;
   r.started = true;
   r.divergence = divergence;
   r.step_open = true;
@@ -336,12 +338,14 @@ Status KvCacheManager::Impl::Commit(Request& r, int64_t c) {
       gs.num_published = std::max<int32_t>(gs.num_published, static_cast<int32_t>(full));
       if (ReleasesTokens(gc)) {
         // Keep what continuing from min(computed, known) needs, so a Truncate back to the known
-        // tokens finds its window intact; everything earlier (but the sinks) goes.
+        // tokens finds its window intact; everything earlier (but the sinks, and what a hit at
+        // the request's branch point needs, kept until it ends) goes.
         const NeededBlocks nb = Needed(g, publish_limit);
+        const NeededBlocks branch = Needed(g, r.window_branch);
         to_release.clear();
         for (int64_t j = std::max<int64_t>(gs.release_from, nb.sinks); j < nb.lo; ++j) {
           int32_t& b = gs.table[static_cast<size_t>(j)];
-          if (b == BlockPool::kNullBlock) continue;
+          if (b == BlockPool::kNullBlock || (j >= branch.lo && j < branch.hi)) continue;
           to_release.push_back(b);
           b = BlockPool::kNullBlock;
         }

@@ -101,6 +101,40 @@ int64_t KvCacheManager::Impl::DivergenceOf(const Request& r, int64_t hit) {
   return attention > hit ? attention : 0;
 }
 
+int64_t KvCacheManager::Impl::WindowBranchOf(const Request& r, int64_t hit) {
+  if (!config.enable_prefix_caching || !config.coherent_eviction || r.known() < 2) return 0;
+  bool releases = false;
+  for (const GroupConfig& gc : config.groups)
+    releases = releases || ReleasesTokens(gc);
+  if (!releases) return 0;
+  // Full-attention blocks are cached only if some request computed this very prefix, and held
+  // only while one runs: both mark a point where prefixes branch.
+  const int64_t cap = r.known() - 1;
+  int64_t reach = cap;
+  bool held = hit > 0;
+  bool any_full = false;
+  for (size_t gi = 0; gi < config.groups.size(); ++gi) {
+    const GroupConfig& gc = config.groups[gi];
+    if (gc.rule.kind != TokenRuleKind::kAll) continue;
+    any_full = true;
+    const auto g = static_cast<int32_t>(gi);
+    const BlockPool& bp = pools[static_cast<size_t>(gc.pool)];
+    const int64_t limit = cap / gc.block_tokens;
+    int64_t m = 0;
+    while (m < limit && bp.Find(TokenKey(r, g, m)) >= 0)
+      ++m;
+    reach = std::min(reach, m * gc.block_tokens);
+    if (held) {
+      const int32_t last = bp.Find(TokenKey(r, g, hit / gc.block_tokens - 1));
+      held = last >= 0 && bp.ref_count(last) > 0;
+    }
+  }
+  if (!any_full) return 0;
+  reach = FloorTo(reach, align);
+  if (reach > hit) return reach;  // its window blocks were evicted, its full attention not
+  return held ? hit : 0;          // another running request shares the whole hit
+}
+
 bool KvCacheManager::Impl::EncoderCached(const Request& r) const {
   for (size_t gi = 0; gi < config.groups.size(); ++gi) {
     const GroupConfig& gc = config.groups[gi];

@@ -340,6 +340,7 @@ Status KvCacheManager::AddRequest(const RequestSpec& spec) {
   r.retention = spec.retention;
   r.prompt_len = prompt_len;
   r.divergence = 0;
+  r.window_branch = 0;
   r.computed = r.reserved = 0;
   r.started = r.step_open = r.encoder_ready = false;
   r.step_begin = r.step_end = 0;

@@ -56,6 +56,12 @@ struct Request {
   // Where the cached attention prefix went further than any cached state at the first Allocate:
   // the state there is checkpointed, so the next request sharing that prefix hits it.
   int64_t divergence = 0;
+  // A point where this request's prefix branches from another's, found at the first Allocate:
+  // where the cached full-attention prefix went further than the hit (the window or chunk blocks
+  // there were evicted, the full-attention ones not), or the hit's end if another running request
+  // holds it. The window and chunk blocks needed to continue there are kept until the request
+  // ends, so the next request sharing that prefix hits it. 0: none.
+  int64_t window_branch = 0;
   // Checkpoints at positions after this one were published by this request (before it: by the
   // request it hit or forked from), so its retention rules may demote them.
   int64_t own_from = 0;
@@ -142,6 +148,9 @@ struct KvCacheManager::Impl {
   // Hit search (hit_search.cc).
   int64_t LookupFixedPoint(const Request& r, int64_t cap, bool token_groups_only = false);
   int64_t DivergenceOf(const Request& r, int64_t hit);
+  // Request::window_branch for a request about to take `hit` (before it acquires anything); 0
+  // without window or chunk groups, full-attention groups, or coherent eviction.
+  int64_t WindowBranchOf(const Request& r, int64_t hit);
   int64_t TruncateFixedPoint(const Request& r, int64_t x, int64_t new_known) const;
   bool EncoderCached(const Request& r) const;
 

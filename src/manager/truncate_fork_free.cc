@@ -226,6 +226,7 @@ void KvCacheManager::Impl::FreeRequest(Request& r) {
   r.step_open = false;
   r.started = false;
   r.divergence = 0;
+  r.window_branch = 0;
   r.own_from = 0;
 }
 

@@ -68,8 +68,10 @@ struct ManagerConfig {
   // Free releases the token blocks of all groups sharing a pool in one tail-first order by
   // position, and takes back into that order the window/chunk blocks it released earlier that
   // are still cached, so a finished request's prefix is evicted coherently across groups (what a
-  // hit needs) rather than one group at a time. false: vLLM's order (group by group, each tail
-  // first; released window blocks keep their earlier place).
+  // hit needs) rather than one group at a time; and a request keeps the window/chunk blocks
+  // before its branch point (where its prefix branches from another request's) until it ends.
+  // false: vLLM's order (group by group, each tail first; released window blocks keep their
+  // earlier place).
   bool coherent_eviction = true;
   bool record_events = true;
 

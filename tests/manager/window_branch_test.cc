@@ -1,0 +1,126 @@
+// Window blocks at a branch point: a request whose prefix branches from another's keeps the
+// window (or chunk) blocks a hit at the branch needs until it ends, instead of releasing them
+// when they leave its window. Otherwise, while it runs, its full-attention blocks keep the shared
+// prefix cached but eviction takes the window blocks, and no later request can hit the prefix
+// (Gemma-2-9B's system prompts in `hkv simulate`).
+#include <gtest/gtest.h>
+
+#include "manager_test_util.h"
+
+namespace hkv::testing {
+namespace {
+
+// Full attention and a window of 8 tokens in one pool, 4-token blocks: a 24-token prompt
+// releases its first 4 window blocks at commit (continuing at 24 needs [17, 24)).
+ManagerConfig WindowModel(bool coherent = true) {
+  ManagerConfig c = MakeConfig({65}, {Full(4), Window(8, 4)});
+  c.coherent_eviction = coherent;
+  return c;
+}
+
+const std::vector<int32_t> kShared = Seq(8, 100);  // two blocks every prompt starts with
+
+std::vector<int32_t> Prompt(int32_t suffix_base) {
+  return Concat(kShared, Seq(16, suffix_base));
+}
+
+// Evicts every free block that still caches something: a request with unrelated tokens takes
+// all free blocks (each 4 tokens need a full-attention and a window block), then ends. Its blocks
+// carry no identity, so they are worth nothing afterwards.
+void EvictAllFree(Driver& d, RequestId id) {
+  const int32_t free = d.m().Usage(0).num_free;
+  d.Add(id, Seq(free / 2 * 4, 5000));
+  Status s = d.m().Allocate(id, free / 2 * 4);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  d.Check();
+  ASSERT_EQ(d.m().Usage(0).num_free, free % 2);
+  d.Free(id);
+}
+
+// The window blocks of the shared prefix in `id`'s table (group 1), 0 where released.
+std::vector<int32_t> SharedWindow(Driver& d, RequestId id) {
+  const auto t = d.Table(id, 1);
+  return {t.begin(), t.begin() + 2};
+}
+
+TEST(WindowBranch, KeptWhereTheFullAttentionPrefixOutlivedItsWindow) {
+  Driver d(WindowModel());
+  d.Add(1, Prompt(1000));
+  EXPECT_EQ(d.Prefill(1).tokens, 0);
+  EXPECT_EQ(SharedWindow(d, 1), (std::vector<int32_t>{0, 0}));  // left the window: released
+  // Request 1 runs on and holds its full-attention blocks; its released window blocks go.
+  ASSERT_NO_FATAL_FAILURE(EvictAllFree(d, 90));
+  d.Add(2, Prompt(2000));
+  // The full-attention prefix reaches 8 but the window there is gone: no hit, and 8 is where
+  // request 2 branches from request 1. It keeps the window blocks a hit at 8 needs.
+  EXPECT_EQ(d.Prefill(2).tokens, 0);
+  const auto kept = SharedWindow(d, 2);
+  EXPECT_NE(kept[0], 0);
+  EXPECT_NE(kept[1], 0);
+  ASSERT_NO_FATAL_FAILURE(EvictAllFree(d, 91));
+  // So a third request sharing the prefix hits it while both run.
+  d.Add(3, Prompt(3000));
+  EXPECT_EQ(d.Lookup(3).tokens, 8);
+  EXPECT_EQ(d.Prefill(3).tokens, 8);
+  // Request 2 releases them with the rest of its blocks when it ends.
+  d.Free(2);
+  d.Free(3);
+  d.Free(1);
+  EXPECT_EQ(d.m().Usage(0).num_free, d.m().Usage(0).num_blocks);
+}
+
+TEST(WindowBranch, KeptWhereAnotherRunningRequestHoldsTheHit) {
+  Driver d(WindowModel());
+  d.Add(1, Prompt(1000));
+  d.Prefill(1);
+  // Request 2 hits the shared prefix (request 1 holds its full-attention blocks, its window
+  // blocks are free but cached): 8 is a branch point of two running requests.
+  d.Add(2, Prompt(2000));
+  EXPECT_EQ(d.Prefill(2).tokens, 8);
+  const auto kept = SharedWindow(d, 2);
+  EXPECT_NE(kept[0], 0);
+  EXPECT_NE(kept[1], 0);
+  ASSERT_NO_FATAL_FAILURE(EvictAllFree(d, 90));
+  d.Add(3, Prompt(3000));
+  EXPECT_EQ(d.Prefill(3).tokens, 8);
+  d.Free(1);
+  d.Free(2);
+  d.Free(3);
+}
+
+TEST(WindowBranch, NotKeptForATurnThatExtendsAFinishedOne) {
+  // The next turn of a conversation hits the end of the previous one, which nobody runs any
+  // more: an extension, not a branch, so its window is released as usual.
+  Driver d(WindowModel());
+  d.Add(1, Prompt(1000));
+  d.Prefill(1);
+  d.Free(1);
+  d.Add(2, Concat(Prompt(1000), Seq(16, 7000)));
+  EXPECT_EQ(d.Prefill(2).tokens, 24);
+  EXPECT_EQ(SharedWindow(d, 2), (std::vector<int32_t>{0, 0}));
+  const auto window = d.Table(2, 1);
+  for (size_t j = 0; j < 8; ++j)
+    EXPECT_EQ(window[j], 0) << j;  // continuing at 40 needs [33, 40): blocks 8 and 9
+  d.Free(2);
+}
+
+TEST(WindowBranch, VllmOrderKeepsNothing) {
+  // Without coherent eviction (vLLM's order, the padded allocator) windows are released as
+  // they leave, and the shared prefix is lost while request 1 still holds its full attention.
+  Driver d(WindowModel(/*coherent=*/false));
+  d.Add(1, Prompt(1000));
+  d.Prefill(1);
+  ASSERT_NO_FATAL_FAILURE(EvictAllFree(d, 90));
+  d.Add(2, Prompt(2000));
+  EXPECT_EQ(d.Prefill(2).tokens, 0);
+  EXPECT_EQ(SharedWindow(d, 2), (std::vector<int32_t>{0, 0}));
+  ASSERT_NO_FATAL_FAILURE(EvictAllFree(d, 91));
+  d.Add(3, Prompt(3000));
+  EXPECT_EQ(d.Lookup(3).tokens, 0);
+  d.Free(1);
+  d.Free(2);
+  d.Free(3);
+}
+
+}  // namespace
+}  // namespace hkv::testing
