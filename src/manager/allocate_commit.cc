@@ -93,9 +93,6 @@ Status KvCacheManager::Impl::Allocate(Request& r, int64_t num_new, const PrefixH
 
   // Plan: count what every pool must supply, and check that the hit still stands. Nothing
   // changes until every pool is known to suffice.
-  std::fill(need.begin(), need.end(), 0);
-  hit_blocks.clear();
-  hit_keep.clear();
   const int64_t divergence = r.started ? r.divergence : DivergenceOf(r, hit.tokens);
   PlanSnapshots(r, begin, end, divergence, positions);
   const int64_t window_branch = r.started ? r.window_branch : WindowBranchOf(r, hit.tokens);
@@ -105,87 +102,111 @@ Status KvCacheManager::Impl::Allocate(Request& r, int64_t num_new, const PrefixH
         "again",
         r.id, what));
   };
-  for (size_t gi = 0; gi < config.groups.size(); ++gi) {
-    const auto g = static_cast<int32_t>(gi);
-    const GroupConfig& gc = config.groups[gi];
-    const BlockPool& bp = pools[static_cast<size_t>(gc.pool)];
-    const GroupState& gs = r.groups[gi];
-    int64_t& n = need[static_cast<size_t>(gc.pool)];
-    if (IsDecoderTokens(gc)) {
-      const int64_t bs = gc.block_tokens;
-      int64_t have = static_cast<int64_t>(gs.table.size());
-      if (!r.started && begin > 0) {
-        const NeededBlocks nb = Needed(g, begin);
-        for (int64_t j = 0; j < nb.hi; ++j) {
-          if (j >= nb.sinks && j < nb.lo) continue;
-          const int32_t b = bp.Find(TokenKey(r, g, j));
-          if (b < 0) return stale("a KV block");
+  const auto plan = [&]() -> Status {
+    std::fill(need.begin(), need.end(), 0);
+    hit_blocks.clear();
+    hit_keep.clear();
+    for (size_t gi = 0; gi < config.groups.size(); ++gi) {
+      const auto g = static_cast<int32_t>(gi);
+      const GroupConfig& gc = config.groups[gi];
+      const BlockPool& bp = pools[static_cast<size_t>(gc.pool)];
+      const GroupState& gs = r.groups[gi];
+      int64_t& n = need[static_cast<size_t>(gc.pool)];
+      if (IsDecoderTokens(gc)) {
+        const int64_t bs = gc.block_tokens;
+        int64_t have = static_cast<int64_t>(gs.table.size());
+        if (!r.started && begin > 0) {
+          const NeededBlocks nb = Needed(g, begin);
+          for (int64_t j = 0; j < nb.hi; ++j) {
+            if (j >= nb.sinks && j < nb.lo) continue;
+            const int32_t b = bp.Find(TokenKey(r, g, j));
+            if (b < 0) return stale("a KV block");
+            if (bp.ref_count(b) == 0) {
+              ++n;
+              hit_keep.push_back({gc.pool, b});
+            }
+            hit_blocks.push_back(b);
+          }
+          have = nb.hi;
+        }
+        n += std::max<int64_t>(0, CeilDiv(reserve, bs) - have);
+        if (r.started && begin % bs != 0) {
+          const int32_t b = gs.table[static_cast<size_t>(begin / bs)];
+          if (bp.ref_count(b) > 1 || bp.has_identity(b)) ++n;  // copy-on-write
+        }
+      } else if (gc.is_encoder()) {
+        if (r.started) continue;
+        const int64_t blocks = CeilDiv(r.encoder_tokens, gc.block_tokens);
+        if (hit.encoder) {
+          for (int64_t i = 0; i < blocks; ++i) {
+            const int32_t b = bp.Find({r.encoder_hashes[static_cast<size_t>(i)], g});
+            if (b < 0) return stale("an encoder block");
+            if (bp.ref_count(b) == 0) {
+              ++n;
+              hit_keep.push_back({gc.pool, b});
+            }
+            hit_blocks.push_back(b);
+          }
+        } else {
+          n += blocks;
+        }
+      } else if (gc.is_state()) {
+        if (!r.started && begin > 0) {
+          const int32_t b = bp.Find(StateKey(r, g, begin));
+          if (b < 0) return stale("a recurrent checkpoint");
           if (bp.ref_count(b) == 0) {
             ++n;
             hit_keep.push_back({gc.pool, b});
           }
           hit_blocks.push_back(b);
         }
-        have = nb.hi;
+        const bool in_place = r.started && gs.live != BlockPool::kNullBlock &&
+                              bp.ref_count(gs.live) == 1 && !bp.has_identity(gs.live);
+        n += (in_place ? 0 : 1) + static_cast<int64_t>(positions.size());
       }
-      n += std::max<int64_t>(0, CeilDiv(reserve, bs) - have);
-      if (r.started && begin % bs != 0) {
-        const int32_t b = gs.table[static_cast<size_t>(begin / bs)];
-        if (bp.ref_count(b) > 1 || bp.has_identity(b)) ++n;  // copy-on-write
-      }
-    } else if (gc.is_encoder()) {
-      if (r.started) continue;
-      const int64_t blocks = CeilDiv(r.encoder_tokens, gc.block_tokens);
-      if (hit.encoder) {
-        for (int64_t i = 0; i < blocks; ++i) {
-          const int32_t b = bp.Find({r.encoder_hashes[static_cast<size_t>(i)], g});
-          if (b < 0) return stale("an encoder block");
-          if (bp.ref_count(b) == 0) {
-            ++n;
-            hit_keep.push_back({gc.pool, b});
-          }
-          hit_blocks.push_back(b);
-        }
-      } else {
-        n += blocks;
-      }
-    } else if (gc.is_state()) {
-      if (!r.started && begin > 0) {
-        const int32_t b = bp.Find(StateKey(r, g, begin));
-        if (b < 0) return stale("a recurrent checkpoint");
-        if (bp.ref_count(b) == 0) {
-          ++n;
-          hit_keep.push_back({gc.pool, b});
-        }
-        hit_blocks.push_back(b);
-      }
-      const bool in_place = r.started && gs.live != BlockPool::kNullBlock &&
-                            bp.ref_count(gs.live) == 1 && !bp.has_identity(gs.live);
-      n += (in_place ? 0 : 1) + static_cast<int64_t>(positions.size());
     }
-  }
-  if (arena.num_slabs() > 0) {
-    // Two-level memory: move slabs so every pool can allocate its need (nothing moves when it
-    // cannot); the Apply step below then only draws from the pools.
-    const Status reserved = arena.Reserve(pools, need, hit_keep);
-    // Anything but a shortage means the manager passed the arena bad pools or keeps: a bug, not
-    // a reason for the engine to preempt.
-    if (reserved.code() != StatusCode::kResourceExhausted) Must(reserved);
-    if (!reserved.ok()) {
-      ++stats.allocations_failed;
+    return Status::Ok();
+  };
+  const auto fit = [&]() -> Status {
+    if (arena.num_slabs() > 0) {
+      // Two-level memory: move slabs so every pool can allocate its need (nothing moves when it
+      // cannot); the Apply step below then only draws from the pools.
+      const Status reserved = arena.Reserve(pools, need, hit_keep);
+      // Anything but a shortage means the manager passed the arena bad pools or keeps: a bug,
+      // not a reason for the engine to preempt.
+      if (reserved.code() != StatusCode::kResourceExhausted) Must(reserved);
+      if (reserved.ok()) return reserved;
       return Status::ResourceExhausted(
           fmt::format("allocate: request {}: positions [{}, {}) need {} block(s) per pool: {}",
                       r.id, begin, end + lookahead, fmt::join(need, "/"), reserved.message()));
     }
-  } else {
     for (size_t p = 0; p < pools.size(); ++p) {
       if (need[p] > pools[p].num_free()) {
-        ++stats.allocations_failed;
         return Status::ResourceExhausted(fmt::format(
             "allocate: request {}: pool {} needs {} free blocks for positions [{}, {}), has {}",
             r.id, p, need[p], begin, end + lookahead, pools[p].num_free()));
       }
     }
+    return Status::Ok();
+  };
+  HKV_RETURN_IF_ERROR(plan());
+  Status fits = fit();
+  // Windows kept at branch points are cache, not need: short of blocks, they are given back
+  // before anything is refused, and taken back when even that is not enough (a refusal changes
+  // nothing). Giving back evicts nothing, so the hit still stands on the second plan.
+  if (!fits.ok()) {
+    given_back.clear();
+    given_back_branch.clear();
+    // One request's windows at a time, until the allocation fits.
+    for (size_t from = 0; !fits.ok() && GiveBackBranchWindows(from);) {
+      Must(plan());
+      fits = fit();
+    }
+    if (!fits.ok()) UndoGiveBack();
+  }
+  if (!fits.ok()) {
+    ++stats.allocations_failed;
+    return fits;
   }
 
   // Apply. Hit blocks are acquired before any fresh allocation so that eviction cannot take
@@ -285,6 +306,57 @@ Status KvCacheManager::Impl::Allocate(Request& r, int64_t num_new, const PrefixH
   r.step_end = end;
   r.reserved = reserve;
   return Status::Ok();
+}
+
+bool KvCacheManager::Impl::GiveBackBranchWindows(size_t& from_slot) {
+  for (; from_slot < requests.size(); ++from_slot) {
+    const size_t slot = from_slot;
+    Request& q = requests[slot];
+    // A request with an open step keeps its table as the engine read it for the step.
+    if (q.window_branch == 0 || q.step_open || index.Find(q.id) != static_cast<int32_t>(slot)) {
+      continue;
+    }
+    const size_t before = given_back.size();
+    for (size_t gi = 0; gi < config.groups.size(); ++gi) {
+      const GroupConfig& gc = config.groups[gi];
+      if (!ReleasesTokens(gc)) continue;
+      const auto g = static_cast<int32_t>(gi);
+      GroupState& gs = q.groups[gi];
+      // What Commit kept: the branch's window below release_from and below what the request
+      // itself needs now (the sinks stay regardless).
+      const NeededBlocks branch = Needed(g, q.window_branch);
+      const NeededBlocks now = Needed(g, std::min(q.computed, q.known()));
+      const int64_t lo = std::max({branch.lo, branch.sinks, now.sinks});
+      const int64_t hi = std::min({branch.hi, int64_t{gs.release_from}, now.lo});
+      for (int64_t j = hi - 1; j >= lo; --j) {  // tail first, as a window releases
+        int32_t& b = gs.table[static_cast<size_t>(j)];
+        if (b == BlockPool::kNullBlock) continue;
+        given_back.push_back({slot, g, static_cast<size_t>(j), b});
+        ReleaseOne(gc.pool, b, q.retention);
+        b = BlockPool::kNullBlock;
+      }
+    }
+    given_back_branch.push_back({slot, q.window_branch});
+    q.window_branch = 0;
+    if (given_back.size() > before) {
+      ++from_slot;
+      return true;
+    }
+  }
+  return false;
+}
+
+void KvCacheManager::Impl::UndoGiveBack() {
+  // Nothing was allocated in between, so every block still holds what it held.
+  for (auto it = given_back.rbegin(); it != given_back.rend(); ++it) {
+    const GroupConfig& gc = config.groups[static_cast<size_t>(it->group)];
+    Must(pools[static_cast<size_t>(gc.pool)].Reacquire(it->block));
+    requests[it->slot].groups[static_cast<size_t>(it->group)].table[it->index] = it->block;
+  }
+  for (const auto& [slot, branch] : given_back_branch)
+    requests[slot].window_branch = branch;
+  given_back.clear();
+  given_back_branch.clear();
 }
 
 Status KvCacheManager::Impl::Commit(Request& r, int64_t c) {

@@ -151,6 +151,13 @@ struct KvCacheManager::Impl {
   // Request::window_branch for a request about to take `hit` (before it acquires anything); 0
   // without window or chunk groups, full-attention groups, or coherent eviction.
   int64_t WindowBranchOf(const Request& r, int64_t hit);
+  // Releases the window/chunk blocks the next request from slot `from_slot` on (without an open
+  // step) keeps for its branch point (and clears its branch point), appending what it did to
+  // given_back; advances from_slot past it; false when no request after from_slot keeps any.
+  // UndoGiveBack restores every block, table and branch point recorded since given_back was
+  // cleared.
+  bool GiveBackBranchWindows(size_t& from_slot);
+  void UndoGiveBack();
   int64_t TruncateFixedPoint(const Request& r, int64_t x, int64_t new_known) const;
   bool EncoderCached(const Request& r) const;
 
@@ -180,9 +187,17 @@ struct KvCacheManager::Impl {
   int32_t align = 1;
   bool has_encoder = false;
   std::vector<BlockPool> pools;
-  SlabArena arena;                             // two-level memory (config.arena); unused otherwise
-  std::vector<PoolBlock> hit_keep;             // Allocate: free hit blocks whose slabs must stay
-  CompactionPlan compaction;                   // Compact: the arena's plan, reused
+  SlabArena arena;                  // two-level memory (config.arena); unused otherwise
+  std::vector<PoolBlock> hit_keep;  // Allocate: free hit blocks whose slabs must stay
+  struct GivenBack {
+    size_t slot;
+    int32_t group;
+    size_t index;  // in the group's table
+    int32_t block;
+  };
+  std::vector<GivenBack> given_back;                          // GiveBackBranchWindows' releases
+  std::vector<std::pair<size_t, int64_t>> given_back_branch;  // slot, window_branch it had
+  CompactionPlan compaction;                                  // Compact: the arena's plan, reused
   std::vector<std::vector<int32_t>> moved_to;  // Compact: per pool, page -> new page (0: none)
   std::vector<Request> requests;               // slots, recycled
   std::vector<int32_t> free_slots;

@@ -232,6 +232,20 @@ Status BlockPool::Acquire(int32_t block) {
   return Status::Ok();
 }
 
+Status BlockPool::Reacquire(int32_t block) {
+  HKV_RETURN_IF_ERROR(CheckBlockId(block, "reacquire"));
+  const size_t i = static_cast<size_t>(block);
+  if (ref_[i] == 0) {
+    if (!on_list_[i]) {
+      return Status::FailedPrecondition(
+          fmt::format("reacquire: block {} is in a segment this pool does not own", block));
+    }
+    Unlink(block);
+  }
+  if (ref_[i]++ == 0) Held(block);
+  return Status::Ok();
+}
+
 Status BlockPool::Publish(int32_t block, const PrefixKey& key) {
   HKV_RETURN_IF_ERROR(CheckBlockId(block, "publish"));
   const size_t i = static_cast<size_t>(block);

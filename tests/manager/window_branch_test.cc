@@ -2,7 +2,8 @@
 // window (or chunk) blocks a hit at the branch needs until it ends, instead of releasing them
 // when they leave its window. Otherwise, while it runs, its full-attention blocks keep the shared
 // prefix cached but eviction takes the window blocks, and no later request can hit the prefix
-// (Gemma-2-9B's system prompts in `hkv simulate`).
+// (Gemma-2-9B's system prompts in `hkv simulate`). Kept windows are given back, one request's at
+// a time, before an allocation is refused for lack of blocks.
 #include <gtest/gtest.h>
 
 #include "manager_test_util.h"
@@ -102,6 +103,69 @@ TEST(WindowBranch, NotKeptForATurnThatExtendsAFinishedOne) {
   for (size_t j = 0; j < 8; ++j)
     EXPECT_EQ(window[j], 0) << j;  // continuing at 40 needs [33, 40): blocks 8 and 9
   d.Free(2);
+}
+
+// Request 2 keeps the shared window for a hit at 8 while request 1 runs; then request 90 takes
+// every free block but at most one (its step stays open, so its window holds every block).
+void KeepThenFill(Driver& d) {
+  d.Add(1, Prompt(1000));
+  d.Prefill(1);
+  ASSERT_NO_FATAL_FAILURE(EvictAllFree(d, 90));
+  d.Add(2, Prompt(2000));
+  d.Prefill(2);
+  ASSERT_NE(SharedWindow(d, 2)[0], 0);
+  ASSERT_NE(SharedWindow(d, 2)[1], 0);
+  const int32_t free = d.m().Usage(0).num_free;
+  d.Add(90, Seq(free / 2 * 4, 5000));
+  ASSERT_TRUE(d.m().Allocate(90, free / 2 * 4).ok());
+  ASSERT_LE(d.m().Usage(0).num_free, 1);
+}
+
+TEST(WindowBranch, GivenBackBeforeAnAllocationIsRefused) {
+  // Kept windows are cache, not need: an allocation the free blocks cannot cover takes them
+  // rather than fail (and push the engine to preempt someone).
+  Driver d(WindowModel());
+  ASSERT_NO_FATAL_FAILURE(KeepThenFill(d));
+  d.Add(4, Seq(4, 8000));  // one full-attention and one window block
+  const Status s = d.m().Allocate(4, 4);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(SharedWindow(d, 2), (std::vector<int32_t>{0, 0}));
+  d.Check();
+  ASSERT_TRUE(d.m().Commit(4, 4).ok());
+  // Given back, not dropped: they stayed cached until request 4 took one of them.
+  d.Free(4);
+  d.Free(90);
+  d.Free(2);
+  d.Free(1);
+  d.Check();
+}
+
+TEST(WindowBranch, ARefusalDespiteThemChangesNothing) {
+  Driver d(WindowModel());
+  ASSERT_NO_FATAL_FAILURE(KeepThenFill(d));
+  const auto kept = SharedWindow(d, 2);
+  const auto order = d.m().FreeListOrder(0);
+  const int32_t free = d.m().Usage(0).num_free;
+  d.Add(4, Seq(16, 8000));  // 8 blocks: more than the free and the kept ones together
+  const Status s = d.m().Allocate(4, 16);
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s.ToString();
+  EXPECT_EQ(SharedWindow(d, 2), kept);
+  EXPECT_EQ(d.m().FreeListOrder(0), order);
+  EXPECT_EQ(d.m().Usage(0).num_free, free);
+  d.Check();
+  // Still kept: a request sharing the prefix hits it.
+  d.Add(3, Prompt(3000));
+  EXPECT_EQ(d.Lookup(3).tokens, 8);
+  // Once request 90 ends there is room, and request 2 still keeps its window.
+  d.Free(90);
+  ASSERT_TRUE(d.m().Allocate(4, 16).ok());
+  EXPECT_EQ(SharedWindow(d, 2), kept);
+  ASSERT_TRUE(d.m().Commit(4, 16).ok());
+  d.Free(4);
+  d.Free(3);
+  d.Free(2);
+  d.Free(1);
+  d.Check();
 }
 
 TEST(WindowBranch, VllmOrderKeepsNothing) {

@@ -151,6 +151,32 @@ TEST(BlockPoolTest, BadCallsAreRejectedAndChangeNothing) {
   unchanged();
 }
 
+// Reacquire undoes a release exactly (the manager's refused allocation takes back what it gave
+// up): cached or not, the blocks come back held and the rest of the free list is as before.
+TEST(BlockPoolTest, ReacquireUndoesAReleaseExactly) {
+  BlockPool p = MakePool(7);
+  std::vector<int32_t> got;
+  ASSERT_TRUE(p.Allocate(4, got).ok());  // 1..4
+  ASSERT_TRUE(p.Publish(1, Key(1)).ok());
+  ASSERT_TRUE(p.Publish(4, Key(4)).ok());
+  const std::vector<int32_t> four = {4};
+  ASSERT_TRUE(p.Free(four).ok());  // cached, at the tail
+  const std::vector<int32_t> order = p.FreeListOrder();
+  const std::vector<int32_t> released = {3, 1};
+  ASSERT_TRUE(p.Free(released).ok());  // 3 (no identity) to the head, 1 to the tail
+  EXPECT_EQ(p.Acquire(3).code(), StatusCode::kFailedPrecondition);  // a stranger may not
+  ASSERT_TRUE(p.Reacquire(1).ok());
+  ASSERT_TRUE(p.Reacquire(3).ok());
+  EXPECT_EQ(p.FreeListOrder(), order);
+  const std::vector<int32_t> refs = {0, 1, 1, 1, 0, 0, 0};
+  EXPECT_TRUE(p.CheckInvariants(refs).ok()) << p.CheckInvariants(refs).message();
+  ASSERT_TRUE(p.Reacquire(2).ok());  // held: one more reference
+  EXPECT_EQ(p.ref_count(2), 2);
+  EXPECT_EQ(p.Reacquire(0).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(p.Reacquire(7).code(), StatusCode::kInvalidArgument);
+  ExpectValid(p);
+}
+
 TEST(BlockPoolTest, ResetDropsEveryIdentityWithOneEvent) {
   BlockPool p = MakePool(4);
   std::vector<int32_t> got;

@@ -320,6 +320,7 @@ TEST(SlabArenaTest, SegmentCallsRejectWrongArgumentsAndChangeNothing) {
   std::vector<int32_t> got;
   EXPECT_EQ(p.Allocate(1, got).code(), StatusCode::kResourceExhausted);  // dormant blocks
   EXPECT_EQ(p.Acquire(1).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(p.Reacquire(1).code(), StatusCode::kFailedPrecondition);  // dormant, not free
   EXPECT_EQ(p.AddSegment(2).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(p.RemoveSegment(0).code(), StatusCode::kFailedPrecondition);  // not owned
   ASSERT_TRUE(p.AddSegment(1).ok());

@@ -72,6 +72,10 @@ class BlockPool {
   // One more reference to a held block, or takes a free block that still has its identity (a
   // prefix hit) off the free list.
   Status Acquire(int32_t block);
+  // Acquire, also of a free block without identity: for a caller taking back blocks it has just
+  // freed, before anything was allocated (their contents are intact; the rest of the free list
+  // is as before the release).
+  Status Reacquire(int32_t block);
   // Gives a held block its prefix identity. If another block already has the key the index is
   // left as it is and the call succeeds: the caller's copy stays private.
   Status Publish(int32_t block, const PrefixKey& key);
