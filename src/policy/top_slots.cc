@@ -1,0 +1,40 @@
+#include "top_slots.h"
+
+#include <algorithm>
+#include <numeric>
+
+namespace hkv::policy_internal {
+
+void KeepAll(size_t n, std::vector<int32_t>& keep) {
+  for (size_t i = 0; i < n; ++i)
+    keep.push_back(static_cast<int32_t>(i));
+}
+
+void KeepTop(std::span<const float> score, std::span<const int64_t> positions,
+             std::span<const uint8_t> forced, int64_t budget, std::vector<int32_t>& keep) {
+  const size_t start = keep.size();
+  std::vector<int32_t> rest;
+  for (size_t i = 0; i < positions.size(); ++i) {
+    if (forced[i] != 0) {
+      keep.push_back(static_cast<int32_t>(i));
+    } else {
+      rest.push_back(static_cast<int32_t>(i));
+    }
+  }
+  const auto room =
+      static_cast<size_t>(std::max<int64_t>(0, budget - static_cast<int64_t>(keep.size() - start)));
+  if (room < rest.size()) {
+    const auto better = [&](int32_t a, int32_t b) {
+      const float sa = score[static_cast<size_t>(a)], sb = score[static_cast<size_t>(b)];
+      if (sa != sb) return sa > sb;
+      return positions[static_cast<size_t>(a)] > positions[static_cast<size_t>(b)];
+    };
+    std::nth_element(rest.begin(), rest.begin() + static_cast<std::ptrdiff_t>(room), rest.end(),
+                     better);
+    rest.resize(room);
+  }
+  keep.insert(keep.end(), rest.begin(), rest.end());
+  std::sort(keep.begin() + static_cast<std::ptrdiff_t>(start), keep.end());
+}
+
+}  // namespace hkv::policy_internal

@@ -1,0 +1,31 @@
+// Selection shared by the score-based policies: the slots a policy must keep, plus the best
+// scored of the rest up to the budget; ties keep the more recent token.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace hkv::policy_internal {
+
+// Appends to `keep`, ascending: every slot with forced[i] != 0, then the highest-scoring others
+// until `budget` slots are kept (all forced ones are kept even beyond the budget).
+void KeepTop(std::span<const float> score, std::span<const int64_t> positions,
+             std::span<const uint8_t> forced, int64_t budget, std::vector<int32_t>& keep);
+
+// Appends 0..n-1 to `keep`.
+void KeepAll(size_t n, std::vector<int32_t>& keep);
+
+// Per-slot state of n slots with `width` values each, compacted to `keep`.
+template <typename T>
+void CompactRows(std::vector<T>& rows, size_t width, std::span<const int32_t> keep) {
+  size_t to = 0;
+  for (int32_t from : keep) {
+    for (size_t k = 0; k < width; ++k)
+      rows[to * width + k] = rows[static_cast<size_t>(from) * width + k];
+    ++to;
+  }
+  rows.resize(to * width);
+}
+
+}  // namespace hkv::policy_internal
