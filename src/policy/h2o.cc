@@ -19,17 +19,11 @@ class H2O final : public KvPolicy {
     const size_t n = positions.size();
     sum_.resize(n, 0.0f);
     rows_.resize(n, 0);
-    if (fb.num_kv_heads <= 0 || fb.weights.size() != n * static_cast<size_t>(fb.num_kv_heads)) {
-      return;  // no weights this step (nothing was computed): scores stand
-    }
-    const float per_head = 1.0f / static_cast<float>(fb.num_kv_heads);
+    if (!HeadMean(fb, n, mean_)) return;  // no weights this step: scores stand
     const int64_t end = step.first + step.count;
     const int64_t rows_from = end - std::min<int64_t>(fb.rows, step.count);
     for (size_t i = 0; i < n; ++i) {
-      float s = 0;
-      for (int32_t h = 0; h < fb.num_kv_heads; ++h)
-        s += fb.weights[static_cast<size_t>(h) * n + i];
-      sum_[i] += s * per_head;
+      sum_[i] += mean_[i];
       // Rows that could attend the slot: the requested ones at or after its position.
       rows_[i] += std::max<int64_t>(0, end - std::max(positions[i], rows_from));
     }
@@ -68,6 +62,7 @@ class H2O final : public KvPolicy {
   bool normalize_;
   std::vector<float> sum_;     // per slot: attention summed over rows, mean over KV heads
   std::vector<int64_t> rows_;  // per slot: query rows that attended it
+  std::vector<float> mean_;    // scratch: this step's weights, mean over KV heads
 };
 
 }  // namespace

@@ -22,17 +22,9 @@ class SnapKv final : public KvPolicy {
                const AttentionFeedback& fb) override {
     const size_t n = positions.size();
     pooled_.resize(n, 0.0f);
-    if (!step.ends_prompt || fb.num_kv_heads <= 0 ||
-        fb.weights.size() != n * static_cast<size_t>(fb.num_kv_heads)) {
-      return;
-    }
+    std::vector<float> raw;
+    if (!step.ends_prompt || !HeadMean(fb, n, raw)) return;
     prompt_end_ = step.first + step.count;
-    std::vector<float> raw(n, 0.0f);
-    for (size_t i = 0; i < n; ++i) {
-      for (int32_t h = 0; h < fb.num_kv_heads; ++h)
-        raw[i] += fb.weights[static_cast<size_t>(h) * n + i];
-      raw[i] /= static_cast<float>(fb.num_kv_heads);
-    }
     const auto half = static_cast<int64_t>(kernel_ / 2);
     for (size_t i = 0; i < n; ++i) {
       const int64_t lo = std::max<int64_t>(0, static_cast<int64_t>(i) - half);

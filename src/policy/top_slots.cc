@@ -5,6 +5,20 @@
 
 namespace hkv::policy_internal {
 
+bool HeadMean(const AttentionFeedback& fb, size_t n, std::vector<float>& out) {
+  if (fb.num_kv_heads <= 0 || fb.weights.size() != n * static_cast<size_t>(fb.num_kv_heads)) {
+    return false;
+  }
+  out.assign(n, 0.0f);
+  for (int32_t h = 0; h < fb.num_kv_heads; ++h) {
+    for (size_t i = 0; i < n; ++i)
+      out[i] += fb.weights[static_cast<size_t>(h) * n + i];
+  }
+  for (float& x : out)
+    x /= static_cast<float>(fb.num_kv_heads);
+  return true;
+}
+
 void KeepAll(size_t n, std::vector<int32_t>& keep) {
   for (size_t i = 0; i < n; ++i)
     keep.push_back(static_cast<int32_t>(i));

@@ -6,7 +6,13 @@
 #include <span>
 #include <vector>
 
+#include <hkv/policy/kv_policy.h>
+
 namespace hkv::policy_internal {
+
+// The feedback's weights of n slots averaged over KV heads into `out` (n values); false, and
+// `out` untouched, when the step carried no weights for n slots.
+bool HeadMean(const AttentionFeedback& fb, size_t n, std::vector<float>& out);
 
 // Appends to `keep`, ascending: every slot with forced[i] != 0, then the highest-scoring others
 // until `budget` slots are kept (all forced ones are kept even beyond the budget).

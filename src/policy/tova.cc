@@ -12,17 +12,7 @@ class Tova final : public KvPolicy {
 
   void Observe(std::span<const int64_t> positions, const PolicyStep&,
                const AttentionFeedback& fb) override {
-    const size_t n = positions.size();
-    last_.assign(n, 0.0f);
-    if (fb.num_kv_heads <= 0 || fb.weights.size() != n * static_cast<size_t>(fb.num_kv_heads)) {
-      return;
-    }
-    for (size_t i = 0; i < n; ++i) {
-      float s = 0;
-      for (int32_t h = 0; h < fb.num_kv_heads; ++h)
-        s += fb.weights[static_cast<size_t>(h) * n + i];
-      last_[i] = s / static_cast<float>(fb.num_kv_heads);
-    }
+    if (!HeadMean(fb, positions.size(), last_)) last_.assign(positions.size(), 0.0f);
   }
 
   void Select(std::span<const int64_t> positions, int64_t budget,
