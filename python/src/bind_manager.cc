@@ -43,10 +43,6 @@ py::int_ FromHash(const BlockHash& h) {
   return (py::int_(h.hi) << py::int_(64)) | py::int_(h.lo);
 }
 
-void MakeReadOnly(py::array& a) {
-  py::detail::array_proxy(a.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
-}
-
 template <typename T>
 std::span<const T> Span(const py::array_t<T, py::array::c_style | py::array::forcecast>& a,
                         const char* what) {
@@ -158,8 +154,7 @@ void BindManager(py::module_& m) {
       });
 
   py::class_<Manager>(m, "KvCacheManager",
-                      "The manager an engine drives per step. Views (block_table) stay valid "
-                      "until the next mutating call; copy them to keep them.")
+                      "The manager an engine drives per step (thread-safe: one call at a time).")
       .def(py::init([](const ManagerConfig& config) {
              return std::make_unique<Manager>(Value(KvCacheManager::Create(config)));
            }),
@@ -296,20 +291,19 @@ void BindManager(py::module_& m) {
           "is an int32 array of rows (group, src, dst) to copy before the forward pass.")
       .def(
           "block_table",
-          [](py::object self_obj, uint64_t id, int32_t group) {
-            const Manager& self = self_obj.cast<const Manager&>();
-            std::span<const int32_t> t = self.LockedConst(
-                [&](const KvCacheManager& mgr) { return Value(mgr.BlockTable(id, group)); });
-            // No copy: the array reads the manager's table and keeps the manager alive.
-            py::array a(py::dtype::of<int32_t>(), {static_cast<py::ssize_t>(t.size())}, {},
-                        t.data(), self_obj);
-            MakeReadOnly(a);
+          [](const Manager& self, uint64_t id, int32_t group) {
+            // One copy of the whole table, made under the lock: a view into the manager's
+            // memory would dangle once another call (or thread) grows the table.
+            auto lock = self.Hold();
+            const std::span<const int32_t> t = Value(self.raw().BlockTable(id, group));
+            py::array_t<int32_t> a(static_cast<py::ssize_t>(t.size()));
+            std::copy(t.begin(), t.end(), a.mutable_data());
             return a;
           },
           py::arg("id"), py::arg("group"),
-          "The request's block ids for a token group, as a read-only int32 view of the manager's "
-          "own table (no copy). Valid until the next mutating call; .copy() to keep it. Released "
-          "window blocks read 0, the null block.")
+          "The request's block ids for a token group as a new int32 array (one copy of the "
+          "table, yours to keep). Released window blocks read 0, the null block. For a batch, "
+          "block_tables writes every table into one matrix you provide.")
       .def(
           "slot_mapping",
           [](const Manager& self, uint64_t id, int32_t group, int64_t begin, int64_t end,

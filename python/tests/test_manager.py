@@ -47,18 +47,19 @@ def test_a_request_from_prompt_to_free_and_a_hit_for_the_next(small):
     small.check_invariants()
 
 
-def test_block_table_is_a_read_only_view_of_the_managers_memory(small):
+def test_block_table_is_the_callers_copy_and_survives_the_request(small):
     run_prompt(small, 1, range(10))
     a = small.block_table(1, 0)
     b = small.block_table(1, 0)
-    assert np.shares_memory(a, b)  # both read the manager's own table: no copy
-    assert not a.flags.writeable
-    with pytest.raises(ValueError):
-        a[0] = 5
-    assert a.base is small  # the view keeps the manager alive
-    kept = a.copy()
+    assert list(a) == list(b) and not np.shares_memory(a, b)
+    a[0] = 0  # the caller's own array
+    assert small.block_table(1, 0)[0] != 0
+    small.append_tokens(1, list(range(20)))
+    small.allocate(1, 20)  # grows the table: a view into it would now dangle
+    assert list(b) == list(small.block_table(1, 0)[:3])
+    small.commit(1, 30)
     small.free(1)
-    assert kept.flags.writeable and len(kept) == 3
+    assert len(b) == 3 and 0 not in b
 
 
 def test_slot_mapping_into_a_callers_buffer(small):

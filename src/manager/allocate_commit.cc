@@ -298,7 +298,8 @@ Status KvCacheManager::Impl::Allocate(Request& r, int64_t num_new, const PrefixH
     gs.held.clear();
   }
   if (!r.started) r.own_from = begin;
-  r.window_branch = window_branch;
+  // A started request keeps its own (a give-back above may have cleared it).
+  if (!r.started) r.window_branch = window_branch;
   r.started = true;
   r.divergence = divergence;
   r.step_open = true;
@@ -336,9 +337,9 @@ bool KvCacheManager::Impl::GiveBackBranchWindows(size_t& from_slot) {
         b = BlockPool::kNullBlock;
       }
     }
-    given_back_branch.push_back({slot, q.window_branch});
-    q.window_branch = 0;
-    if (given_back.size() > before) {
+    if (given_back.size() > before) {  // one that kept nothing yet keeps its branch point
+      given_back_branch.push_back({slot, q.window_branch});
+      q.window_branch = 0;
       ++from_slot;
       return true;
     }

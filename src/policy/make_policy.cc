@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -86,8 +87,12 @@ Result<PolicyBudget> PolicyBudget::Fraction(double share) {
 
 int64_t PolicyBudget::Resolve(int64_t length) const {
   if (tokens_ > 0) return tokens_;
-  const auto t = static_cast<int64_t>(std::ceil(share_ * static_cast<double>(length)));
-  return t < 1 ? 1 : t;
+  // Rounded up, but a product that is an integer up to floating-point error (0.07 * 100 =
+  // 7.000000000000001) is that integer.
+  const double x = share_ * static_cast<double>(length);
+  const double nearest = std::round(x);
+  const double t = std::abs(x - nearest) <= 1e-9 * std::max(1.0, x) ? nearest : std::ceil(x);
+  return t < 1 ? 1 : static_cast<int64_t>(t);
 }
 
 }  // namespace hkv

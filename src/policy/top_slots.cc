@@ -1,6 +1,8 @@
 #include "top_slots.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <numeric>
 
 namespace hkv::policy_internal {
@@ -38,8 +40,13 @@ void KeepTop(std::span<const float> score, std::span<const int64_t> positions,
   const auto room =
       static_cast<size_t>(std::max<int64_t>(0, budget - static_cast<int64_t>(keep.size() - start)));
   if (room < rest.size()) {
+    // NaN ranks lowest, so the order stays a strict weak ordering whatever the weights.
+    const auto key = [&](int32_t i) {
+      const float v = score[static_cast<size_t>(i)];
+      return std::isnan(v) ? -std::numeric_limits<float>::infinity() : v;
+    };
     const auto better = [&](int32_t a, int32_t b) {
-      const float sa = score[static_cast<size_t>(a)], sb = score[static_cast<size_t>(b)];
+      const float sa = key(a), sb = key(b);
       if (sa != sb) return sa > sb;
       return positions[static_cast<size_t>(a)] > positions[static_cast<size_t>(b)];
     };

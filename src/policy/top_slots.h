@@ -22,13 +22,22 @@ void KeepTop(std::span<const float> score, std::span<const int64_t> positions,
 // Appends 0..n-1 to `keep`.
 void KeepAll(size_t n, std::vector<int32_t>& keep);
 
-// Per-slot state of n slots with `width` values each, compacted to `keep`.
+// Per-slot state with `width` values per slot, compacted to `keep`; slots the state has not seen
+// yet (beyond its size) start from zero.
 template <typename T>
 void CompactRows(std::vector<T>& rows, size_t width, std::span<const int32_t> keep) {
+  const size_t have = rows.size() / width;
   size_t to = 0;
   for (int32_t from : keep) {
-    for (size_t k = 0; k < width; ++k)
-      rows[to * width + k] = rows[static_cast<size_t>(from) * width + k];
+    const auto f = static_cast<size_t>(from);
+    for (size_t k = 0; k < width; ++k) {
+      const T v = f < have ? rows[f * width + k] : T{};
+      if (to * width + k < rows.size()) {
+        rows[to * width + k] = v;
+      } else {
+        rows.push_back(v);
+      }
+    }
     ++to;
   }
   rows.resize(to * width);

@@ -314,6 +314,22 @@ TEST(PolicyTest, EqualScoresKeepTheMoreRecentTokens) {
   EXPECT_EQ(keep, (std::vector<int32_t>{4, 5}));
 }
 
+TEST(PolicyTest, NanWeightsRankLowestAndUnseenSlotsCompactToZero) {
+  auto policy = Make({.kind = PolicyKind::kTova});
+  const std::vector<int64_t> positions = {0, 1, 2, 3};
+  const std::vector<float> w = {0.5f, std::nanf(""), 0.1f, 0.4f};
+  policy->Observe(positions, {3, 1, false}, {1, 1, w});
+  std::vector<int32_t> keep;
+  policy->Select(positions, 2, keep);
+  EXPECT_EQ(keep, (std::vector<int32_t>{0, 3}));
+  // A cache larger than what the policy observed: unseen slots score 0 and compact safely.
+  const std::vector<int32_t> kept = {0, 4, 5};
+  policy->Compact(kept);
+  std::vector<float> s;
+  policy->Scores(std::vector<int64_t>{0, 4, 5}, s);
+  EXPECT_EQ(s, (std::vector<float>{0.5f, 0.0f, 0.0f}));
+}
+
 TEST(PolicyTest, BadOptionsAndBudgetsAreRefusedByName) {
   EXPECT_EQ(ParsePolicyKind("h2o").value(), PolicyKind::kH2O);
   EXPECT_EQ(ParsePolicyKind("streaming_llm").value(), PolicyKind::kStreamingLlm);
@@ -339,8 +355,10 @@ TEST(PolicyTest, BadOptionsAndBudgetsAreRefusedByName) {
   EXPECT_FALSE(PolicyBudget::Fraction(std::nan("")).ok());
   EXPECT_EQ(PolicyBudget::Tokens(64).value().Resolve(1000), 64);
   EXPECT_EQ(PolicyBudget::Fraction(0.25).value().Resolve(1000), 250);
-  EXPECT_EQ(PolicyBudget::Fraction(0.25).value().Resolve(10), 3);  // rounded up
-  EXPECT_EQ(PolicyBudget::Fraction(0.01).value().Resolve(5), 1);   // at least one
+  EXPECT_EQ(PolicyBudget::Fraction(0.25).value().Resolve(10), 3);   // rounded up
+  EXPECT_EQ(PolicyBudget::Fraction(0.01).value().Resolve(5), 1);    // at least one
+  EXPECT_EQ(PolicyBudget::Fraction(0.07).value().Resolve(100), 7);  // 7.000000000000001
+  EXPECT_EQ(PolicyBudget::Fraction(0.14).value().Resolve(100), 14);
 }
 
 }  // namespace

@@ -12,7 +12,9 @@
 //   `window` prompt tokens plus the rest of the budget by the attention of the last `window`
 //   prompt queries, pooled over `kernel` neighbouring slots (average or max over those that
 //   exist); tokens after the prompt are all kept (it compresses the prompt, as the method does).
-//   Before the prompt ends it has no signal and keeps all.
+//   The window is kept even when it exceeds the budget; its queries are those of the step that
+//   ends the prompt (fewer than `window` when that step is shorter). Before the prompt ends it has
+//   no signal and keeps all.
 // A budget is a token count or a fraction of the sequence's length (rounded up, at least 1).
 #pragma once
 
