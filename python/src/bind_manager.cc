@@ -67,6 +67,15 @@ py::array_t<T, py::array::c_style> OutArray(const py::object& out, int ndim, con
                   py::str(py::dtype::of<T>()).cast<std::string>())));
 }
 
+// Usage and FreeListOrder take a pool index without returning a Status.
+void CheckPool(const KvCacheManager& mgr, int32_t pool, const char* call) {
+  const auto pools = static_cast<int32_t>(mgr.config().pool_blocks.size());
+  if (pool < 0 || pool >= pools) {
+    throw StatusError(Status::InvalidArgument(
+        fmt::format("{}: pool {} is out of range: expected 0 to {}", call, pool, pools - 1)));
+  }
+}
+
 const char* KindName(KvEvent::Kind k) {
   switch (k) {
     case KvEvent::Kind::kStored:
@@ -497,11 +506,7 @@ void BindManager(py::module_& m) {
           "usage",
           [](const Manager& self, int32_t pool) {
             return self.LockedConst([&](const KvCacheManager& mgr) {
-              if (pool < 0 || pool >= static_cast<int32_t>(mgr.config().pool_blocks.size())) {
-                throw StatusError(Status::InvalidArgument(
-                    fmt::format("usage: pool {} is out of range: expected 0 to {}", pool,
-                                mgr.config().pool_blocks.size() - 1)));
-              }
+              CheckPool(mgr, pool, "usage");
               return mgr.Usage(pool);
             });
           },
@@ -523,11 +528,7 @@ void BindManager(py::module_& m) {
           "free_list_order",
           [](const Manager& self, int32_t pool) {
             return self.LockedConst([&](const KvCacheManager& mgr) {
-              if (pool < 0 || pool >= static_cast<int32_t>(mgr.config().pool_blocks.size())) {
-                throw StatusError(Status::InvalidArgument(
-                    fmt::format("free_list_order: pool {} is out of range: expected 0 to {}", pool,
-                                mgr.config().pool_blocks.size() - 1)));
-              }
+              CheckPool(mgr, pool, "free_list_order");
               return mgr.FreeListOrder(pool);
             });
           },

@@ -11,6 +11,7 @@
 #include <hkv/manager/manager_config.h>
 #include <hkv/plan/plan.h>
 #include <hkv/spec/config_loader.h>
+#include <hkv/spec/token_rule.h>
 
 #include "bindings.h"
 #include "status_error.h"
@@ -32,37 +33,6 @@ int64_t ToBytes(const ByteSize& size, const char* what) {
   }
   return *parsed;
 }
-
-namespace {
-
-const char* RuleKindName(TokenRuleKind kind) {
-  switch (kind) {
-    case TokenRuleKind::kAll:
-      return "all";
-    case TokenRuleKind::kWindow:
-      return "window";
-    case TokenRuleKind::kChunk:
-      return "chunk";
-    case TokenRuleKind::kEncoder:
-      return "encoder";
-    case TokenRuleKind::kState:
-      return "state";
-    case TokenRuleKind::kNothing:
-      return "nothing";
-  }
-  return "nothing";
-}
-
-TokenRuleKind ParseRuleKind(const std::string& name) {
-  for (TokenRuleKind k : {TokenRuleKind::kAll, TokenRuleKind::kWindow, TokenRuleKind::kChunk,
-                          TokenRuleKind::kEncoder, TokenRuleKind::kState}) {
-    if (name == RuleKindName(k)) return k;
-  }
-  throw StatusError(Status::InvalidArgument(
-      fmt::format("group kind '{}': expected all, window, chunk, encoder or state", name)));
-}
-
-}  // namespace
 
 void BindModel(py::module_& m) {
   py::class_<ModelSpec>(m, "Model", "A model's cache-relevant structure, read from a config.json.")
@@ -97,14 +67,20 @@ void BindModel(py::module_& m) {
       .def(py::init([](const std::string& kind, int32_t block_tokens, int32_t pool, int32_t span,
                        int32_t sinks) {
              GroupConfig g;
-             g.rule = {ParseRuleKind(kind), span, sinks};
+             const TokenRuleKind k = Value(ParseTokenRuleKind(kind));
+             if (k == TokenRuleKind::kNothing) {
+               throw StatusError(Status::InvalidArgument(
+                   "group kind 'nothing': a group must keep tokens or a state"));
+             }
+             g.rule = {k, span, sinks};
              g.block_tokens = block_tokens;
              g.pool = pool;
              return g;
            }),
            py::arg("kind"), py::arg("block_tokens") = 0, py::arg("pool") = 0, py::arg("span") = 0,
            py::arg("sinks") = 0)
-      .def_property_readonly("kind", [](const GroupConfig& g) { return RuleKindName(g.rule.kind); })
+      .def_property_readonly(
+          "kind", [](const GroupConfig& g) { return std::string(TokenRuleKindName(g.rule.kind)); })
       .def_property_readonly("span", [](const GroupConfig& g) { return g.rule.span; })
       .def_property_readonly("sinks", [](const GroupConfig& g) { return g.rule.sinks; })
       .def_readonly("block_tokens", &GroupConfig::block_tokens)

@@ -315,6 +315,7 @@ Result<bool> Engine::RunStep(Live& r, int64_t computed, int64_t n,
 
 Status Engine::Step() {
   ++counters_.steps;
+  counters_.branch_blocks_given_back = manager_->stats().branch_blocks_given_back;
   // No step is open between scheduler steps: pages may move now, before anything reads them.
   HKV_RETURN_IF_ERROR(MaybeCompact());
   // Admit a couple of waiting requests per step, none right after a step that had to preempt:

@@ -202,7 +202,11 @@ Status KvCacheManager::Impl::Allocate(Request& r, int64_t num_new, const PrefixH
       Must(plan());
       fits = fit();
     }
-    if (!fits.ok()) UndoGiveBack();
+    if (fits.ok()) {
+      stats.branch_blocks_given_back += static_cast<int64_t>(given_back.size());
+    } else {
+      UndoGiveBack();
+    }
   }
   if (!fits.ok()) {
     ++stats.allocations_failed;

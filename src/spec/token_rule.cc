@@ -63,15 +63,14 @@ int64_t TokenRule::BlocksHeld(int64_t tokens, int64_t encoder_tokens, int64_t bl
   return 0;
 }
 
-std::string TokenRule::Describe() const {
+std::string_view TokenRuleKindName(TokenRuleKind kind) {
   switch (kind) {
     case TokenRuleKind::kAll:
       return "all";
     case TokenRuleKind::kWindow:
-      return sinks > 0 ? fmt::format("window {} + {} sinks", span, sinks)
-                       : fmt::format("window {}", span);
+      return "window";
     case TokenRuleKind::kChunk:
-      return fmt::format("chunk {}", span);
+      return "chunk";
     case TokenRuleKind::kEncoder:
       return "encoder";
     case TokenRuleKind::kState:
@@ -80,6 +79,28 @@ std::string TokenRule::Describe() const {
       return "nothing";
   }
   return "?";
+}
+
+Result<TokenRuleKind> ParseTokenRuleKind(std::string_view name) {
+  for (TokenRuleKind k :
+       {TokenRuleKind::kAll, TokenRuleKind::kWindow, TokenRuleKind::kChunk, TokenRuleKind::kEncoder,
+        TokenRuleKind::kState, TokenRuleKind::kNothing}) {
+    if (name == TokenRuleKindName(k)) return k;
+  }
+  return Status::InvalidArgument(
+      fmt::format("token rule '{}': expected all, window, chunk, encoder, state or nothing", name));
+}
+
+std::string TokenRule::Describe() const {
+  switch (kind) {
+    case TokenRuleKind::kWindow:
+      return sinks > 0 ? fmt::format("window {} + {} sinks", span, sinks)
+                       : fmt::format("window {}", span);
+    case TokenRuleKind::kChunk:
+      return fmt::format("chunk {}", span);
+    default:
+      return std::string(TokenRuleKindName(kind));
+  }
 }
 
 TokenRule TokenRuleOf(const LayerSpec& layer) {

@@ -66,6 +66,7 @@ TEST_P(Verify, RandomWorkloadsMatchDenseAndExerciseEveryFeature) {
     all.truncations += f.truncations;
     all.drafts_accepted += f.drafts_accepted;
     all.window_blocks_freed += f.window_blocks_freed;
+    all.branch_blocks_given_back += f.branch_blocks_given_back;
     all.checkpoint_hits += f.checkpoint_hits;
     all.cross_attention_reuses += f.cross_attention_reuses;
     all.compactions += f.compactions;
@@ -77,7 +78,8 @@ TEST_P(Verify, RandomWorkloadsMatchDenseAndExerciseEveryFeature) {
       "steps " + std::to_string(steps) + ", hits " + std::to_string(all.prefix_hit_tokens) +
       ", preemptions " + std::to_string(all.preemptions) + ", forks " + std::to_string(all.forks) +
       ", truncations " + std::to_string(all.truncations) + ", window frees " +
-      std::to_string(all.window_blocks_freed) + ", checkpoint hits " +
+      std::to_string(all.window_blocks_freed) + ", branch windows given back " +
+      std::to_string(all.branch_blocks_given_back) + ", checkpoint hits " +
       std::to_string(all.checkpoint_hits) + ", encoder reuses " +
       std::to_string(all.cross_attention_reuses) + ", slabs reclaimed " +
       std::to_string(reclaimed) + ", compactions " + std::to_string(all.compactions) + " (" +
@@ -89,6 +91,9 @@ TEST_P(Verify, RandomWorkloadsMatchDenseAndExerciseEveryFeature) {
   EXPECT_GT(all.truncations, 0) << what;
   EXPECT_GT(all.drafts_accepted, 0) << what;
   EXPECT_EQ(all.window_blocks_freed > 0, windows) << what;
+  // Windows kept at branch points were given back to let allocations succeed, and every logit
+  // still matched dense: the blocks went back to the cache and were reused without corruption.
+  EXPECT_EQ(all.branch_blocks_given_back > 0, windows) << what;
   EXPECT_EQ(all.checkpoint_hits > 0, state) << what;
   EXPECT_EQ(all.cross_attention_reuses > 0, cross) << what;
   // Recurrent models plan two-level memory: slabs moved between states and token pages while
@@ -101,6 +106,7 @@ TEST_P(Verify, RandomWorkloadsMatchDenseAndExerciseEveryFeature) {
     EXPECT_GT(all.pages_moved, 0) << what;
   }
   RecordProperty("slabs_reclaimed", std::to_string(reclaimed));
+  RecordProperty("branch_blocks_given_back", std::to_string(all.branch_blocks_given_back));
   // Recurrent hits shorter than the block a one-page-size allocator would have to use for this
   // model: with padded pages they could not exist, here they ran and matched dense.
   if (state) {

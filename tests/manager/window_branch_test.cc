@@ -25,16 +25,21 @@ std::vector<int32_t> Prompt(int32_t suffix_base) {
   return Concat(kShared, Seq(16, suffix_base));
 }
 
-// Evicts every free block that still caches something: a request with unrelated tokens takes
-// all free blocks (each 4 tokens need a full-attention and a window block), then ends. Its blocks
-// carry no identity, so they are worth nothing afterwards.
-void EvictAllFree(Driver& d, RequestId id) {
+// A request with unrelated tokens takes every free block but at most one (each 4 tokens need a
+// full-attention and a window block); its step stays open, so its window holds them all.
+void TakeAllFree(Driver& d, RequestId id) {
   const int32_t free = d.m().Usage(0).num_free;
   d.Add(id, Seq(free / 2 * 4, 5000));
   Status s = d.m().Allocate(id, free / 2 * 4);
   ASSERT_TRUE(s.ok()) << s.ToString();
   d.Check();
   ASSERT_EQ(d.m().Usage(0).num_free, free % 2);
+}
+
+// Evicts every free block that still caches something: TakeAllFree, then the request ends. Its
+// blocks carry no identity, so they are worth nothing afterwards.
+void EvictAllFree(Driver& d, RequestId id) {
+  ASSERT_NO_FATAL_FAILURE(TakeAllFree(d, id));
   d.Free(id);
 }
 
@@ -106,7 +111,7 @@ TEST(WindowBranch, NotKeptForATurnThatExtendsAFinishedOne) {
 }
 
 // Request 2 keeps the shared window for a hit at 8 while request 1 runs; then request 90 takes
-// every free block but at most one (its step stays open, so its window holds every block).
+// every free block but at most one.
 void KeepThenFill(Driver& d) {
   d.Add(1, Prompt(1000));
   d.Prefill(1);
@@ -115,10 +120,7 @@ void KeepThenFill(Driver& d) {
   d.Prefill(2);
   ASSERT_NE(SharedWindow(d, 2)[0], 0);
   ASSERT_NE(SharedWindow(d, 2)[1], 0);
-  const int32_t free = d.m().Usage(0).num_free;
-  d.Add(90, Seq(free / 2 * 4, 5000));
-  ASSERT_TRUE(d.m().Allocate(90, free / 2 * 4).ok());
-  ASSERT_LE(d.m().Usage(0).num_free, 1);
+  ASSERT_NO_FATAL_FAILURE(TakeAllFree(d, 90));
 }
 
 TEST(WindowBranch, GivenBackBeforeAnAllocationIsRefused) {

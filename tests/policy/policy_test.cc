@@ -114,6 +114,17 @@ void Drive(KvPolicy& policy, const Qk& qk, const std::vector<int32_t>& steps, in
   }
 }
 
+// The positions `policy` keeps of `cached` at `budget`.
+std::set<int64_t> KeptPositions(const KvPolicy& policy, const std::vector<int64_t>& cached,
+                                int64_t budget) {
+  std::vector<int32_t> keep;
+  policy.Select(cached, budget, keep);
+  std::set<int64_t> got;
+  for (int32_t k : keep)
+    got.insert(cached[static_cast<size_t>(k)]);
+  return got;
+}
+
 std::unique_ptr<KvPolicy> Make(PolicyConfig c) {
   auto p = MakePolicy(c);
   EXPECT_TRUE(p.ok()) << p.status().ToString();
@@ -180,10 +191,9 @@ TEST(PolicyTest, H2OKeepsTheRecentWindowAndTheHeaviestHitters) {
             const std::vector<double>&) {
           std::vector<float> s;
           policy->Scores(cached, s);
-          std::vector<int32_t> keep;
-          policy->Select(cached, 10, keep);
+          const std::set<int64_t> got = KeptPositions(*policy, cached, 10);
           if (cached.size() <= 10) {
-            EXPECT_EQ(keep.size(), cached.size());
+            EXPECT_EQ(got.size(), cached.size());
             return;
           }
           std::set<int64_t> recent(cached.end() - 4, cached.end());
@@ -191,9 +201,6 @@ TEST(PolicyTest, H2OKeepsTheRecentWindowAndTheHeaviestHitters) {
           const std::vector<double> score(s.begin(), s.end());
           for (int64_t p : Top(cached, score, 6, recent))
             want.insert(p);
-          std::set<int64_t> got;
-          for (int32_t k : keep)
-            got.insert(cached[static_cast<size_t>(k)]);
           EXPECT_EQ(got, want);
         });
 }
@@ -208,11 +215,7 @@ TEST(PolicyTest, StreamingLlmKeepsExactlySinksAndRecent) {
         [&](const std::vector<int64_t>& cached, const PolicyStep& step, int32_t rows,
             const std::vector<double>&) {
           EXPECT_EQ(rows, 0);  // needs no attention
-          std::vector<int32_t> keep;
-          policy->Select(cached, 9, keep);
-          std::set<int64_t> got;
-          for (int32_t k : keep)
-            got.insert(cached[static_cast<size_t>(k)]);
+          const std::set<int64_t> got = KeptPositions(*policy, cached, 9);
           const int64_t t = step.first + step.count;  // tokens so far
           std::set<int64_t> want;
           for (int64_t p = 0; p < std::min<int64_t>(t, 2); ++p)
@@ -230,11 +233,7 @@ TEST(PolicyTest, TovaKeepsTheTopOfTheLastQuerysAttention) {
         [&](const std::vector<int64_t>& cached, const PolicyStep&, int32_t rows,
             const std::vector<double>& last) {
           EXPECT_EQ(rows, 1);
-          std::vector<int32_t> keep;
-          policy->Select(cached, 8, keep);
-          std::set<int64_t> got;
-          for (int32_t k : keep)
-            got.insert(cached[static_cast<size_t>(k)]);
+          const std::set<int64_t> got = KeptPositions(*policy, cached, 8);
           EXPECT_EQ(got, Top(cached, last, 8, {}));
         });
 }
@@ -253,11 +252,7 @@ TEST(PolicyTest, SnapKvCutsThePromptOnceByPooledWindowAttention) {
     Drive(*policy, qk, steps, 22, 10,
           [&](const std::vector<int64_t>& cached, const PolicyStep& step, int32_t rows,
               const std::vector<double>& raw) {
-            std::vector<int32_t> keep;
-            policy->Select(cached, 10, keep);
-            std::set<int64_t> got;
-            for (int32_t k : keep)
-              got.insert(cached[static_cast<size_t>(k)]);
+            const std::set<int64_t> got = KeptPositions(*policy, cached, 10);
             if (!step.ends_prompt) {
               EXPECT_EQ(rows, 0);
               EXPECT_EQ(got.size(), cached.size());  // before: no signal; after: all kept

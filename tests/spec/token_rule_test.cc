@@ -38,6 +38,19 @@ TEST(TokenRuleTest, WindowWithSinksKeepsTheFirstTokensToo) {
   EXPECT_EQ(w.Describe(), "window 32 + 4 sinks");
 }
 
+TEST(TokenRuleTest, KindNamesRoundTripAndUnknownNamesAreRefused) {
+  for (TokenRuleKind k :
+       {TokenRuleKind::kAll, TokenRuleKind::kWindow, TokenRuleKind::kChunk, TokenRuleKind::kEncoder,
+        TokenRuleKind::kState, TokenRuleKind::kNothing}) {
+    EXPECT_EQ(ParseTokenRuleKind(TokenRuleKindName(k)).value(), k);
+  }
+  EXPECT_EQ((TokenRule{TokenRuleKind::kState, 0, 0}).Describe(), "state");
+  const auto bad = ParseTokenRuleKind("sideways");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("'sideways'"), std::string::npos);
+}
+
 TEST(TokenRuleTest, ChunkHoldsTheCurrentChunkOnly) {
   const TokenRule c{TokenRuleKind::kChunk, 64, 0};
   EXPECT_EQ(c.IdealTokens(64, 0), 64);

@@ -84,7 +84,8 @@ struct EngineCounters {
   int64_t checkpoint_hits = 0;  // hits on a model with recurrent state (they land on checkpoints)
   int64_t shortest_checkpoint_hit = 0;  // fewest tokens one of those hits reused (0: none)
   int64_t window_blocks_freed = 0;
-  int64_t cross_attention_reuses = 0;  // requests that started on cached encoder K/V
+  int64_t branch_blocks_given_back = 0;  // the manager's (ManagerStats), as of the last step
+  int64_t cross_attention_reuses = 0;    // requests that started on cached encoder K/V
   int64_t drafts_accepted = 0, drafts_rejected = 0;
   int64_t compactions = 0;      // Compact calls that returned slabs to the shared memory
   int64_t pages_moved = 0;      // pages those compactions moved (and the engine copied)

@@ -71,6 +71,9 @@ struct ManagerStats {
   int64_t encoder_hits = 0;
   int64_t allocations_failed = 0;  // Allocate calls refused for lack of blocks
   int64_t recomputed_tokens = 0;   // tokens Truncate asked engines to compute again
+  // Window/chunk blocks kept at branch points that Allocate gave back to the cache so that an
+  // allocation short of blocks could succeed (not counted when it was refused anyway).
+  int64_t branch_blocks_given_back = 0;
 };
 
 class KvCacheManager {

@@ -9,7 +9,9 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
+#include <hkv/common/result.h>
 #include <hkv/spec/layer_spec.h>
 
 namespace hkv {
@@ -41,5 +43,10 @@ struct TokenRule {
 };
 
 TokenRule TokenRuleOf(const LayerSpec& layer);
+
+// "all", "window", "chunk", "encoder", "state", "nothing"; Parse accepts exactly those and names
+// the text it refuses.
+std::string_view TokenRuleKindName(TokenRuleKind kind);
+Result<TokenRuleKind> ParseTokenRuleKind(std::string_view name);
 
 }  // namespace hkv
