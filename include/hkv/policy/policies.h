@@ -15,7 +15,9 @@
 //   The window is kept even when it exceeds the budget; its queries are those of the step that
 //   ends the prompt (fewer than `window` when that step is shorter). Before the prompt ends it has
 //   no signal and keeps all.
-// A budget is a token count or a fraction of the sequence's length (rounded up, at least 1).
+// A budget is a token count or a fraction of the sequence's length (rounded up, at least 1);
+// ParsePolicyBudget reads one from text: an integer is a token count ("64"), a number with a
+// decimal point or exponent a fraction ("0.25"), a number with '%' a percentage ("25%").
 #pragma once
 
 #include <cstdint>
@@ -50,10 +52,15 @@ class PolicyBudget {
   static Result<PolicyBudget> Fraction(double share);  // in (0, 1]
   // Tokens to keep for a sequence of `length` tokens.
   int64_t Resolve(int64_t length) const;
+  bool is_fraction() const { return share_ > 0; }
+  int64_t tokens() const { return tokens_; }  // 0 for a fraction
+  double share() const { return share_; }     // 0 for a token count
 
  private:
   int64_t tokens_ = 0;
   double share_ = 0;
 };
+
+Result<PolicyBudget> ParsePolicyBudget(std::string_view text);
 
 }  // namespace hkv
