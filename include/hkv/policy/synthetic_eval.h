@@ -64,10 +64,10 @@ struct SyntheticEvalOptions {
   int32_t num_kv_heads = 8;
   int32_t group = 4;
   int32_t head_dim = 128;
-  int64_t prompt_len = 256;
-  int64_t decode_steps = 32;
-  int64_t chunk = 64;  // prompt tokens per step
-  int32_t trials = 16;
+  int64_t prompt_len = 512;
+  int64_t decode_steps = 64;
+  int64_t chunk = 128;  // prompt tokens per step
+  int32_t trials = 8;
   uint64_t seed = 1;
   int64_t question_tokens = 8;
   // Prompt position of the needle; -1: uniform per trial in [1, prompt_len - question_tokens).
