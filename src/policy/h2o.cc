@@ -12,6 +12,7 @@ class H2O final : public KvPolicy {
  public:
   H2O(int32_t recent, bool normalize) : recent_(recent), normalize_(normalize) {}
   std::string_view name() const override { return "h2o"; }
+  std::unique_ptr<KvPolicy> Clone() const override { return std::make_unique<H2O>(*this); }
   int32_t AttentionRows(const PolicyStep&) const override { return kAllRows; }
 
   void Observe(std::span<const int64_t> positions, const PolicyStep& step,

@@ -8,6 +8,7 @@ namespace {
 class Tova final : public KvPolicy {
  public:
   std::string_view name() const override { return "tova"; }
+  std::unique_ptr<KvPolicy> Clone() const override { return std::make_unique<Tova>(*this); }
   int32_t AttentionRows(const PolicyStep&) const override { return 1; }
 
   void Observe(std::span<const int64_t> positions, const PolicyStep&,

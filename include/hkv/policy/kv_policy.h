@@ -50,6 +50,9 @@ class KvPolicy {
 
   virtual ~KvPolicy() = default;
   virtual std::string_view name() const = 0;
+  // An independent copy with the same state: a forked sequence (parallel sampling) continues
+  // from its parent's decisions.
+  virtual std::unique_ptr<KvPolicy> Clone() const = 0;
   virtual int32_t AttentionRows(const PolicyStep& step) const = 0;
   virtual void Observe(std::span<const int64_t> positions, const PolicyStep& step,
                        const AttentionFeedback& feedback) = 0;

@@ -15,7 +15,8 @@
 //   The window is kept even when it exceeds the budget; its queries are those of the step that
 //   ends the prompt (fewer than `window` when that step is shorter). Before the prompt ends it has
 //   no signal and keeps all.
-// A budget is a token count or a fraction of the sequence's length (rounded up, at least 1).
+// A budget is a token count or a fraction of the sequence's length (rounded up, at least 1); a
+// default-constructed one is the whole sequence.
 #pragma once
 
 #include <cstdint>
@@ -52,8 +53,9 @@ class PolicyBudget {
   int64_t Resolve(int64_t length) const;
 
  private:
+  // Default-constructed: the whole sequence (a fraction of 1).
   int64_t tokens_ = 0;
-  double share_ = 0;
+  double share_ = 1.0;
 };
 
 }  // namespace hkv
