@@ -37,9 +37,10 @@ class H2O final : public KvPolicy {
       KeepAll(n, keep);
       return;
     }
-    std::vector<float> score;
+    thread_local std::vector<float> score;
+    thread_local std::vector<uint8_t> forced;
     Scores(positions, score);
-    std::vector<uint8_t> forced(n, 0);
+    forced.assign(n, 0);
     const auto recent = static_cast<size_t>(std::clamp<int64_t>(recent_, 0, budget));
     for (size_t i = n - recent; i < n; ++i)
       forced[i] = 1;

@@ -18,9 +18,10 @@ class Tova final : public KvPolicy {
 
   void Select(std::span<const int64_t> positions, int64_t budget,
               std::vector<int32_t>& keep) const override {
-    std::vector<float> score;
+    thread_local std::vector<float> score;
+    thread_local std::vector<uint8_t> forced;
     Scores(positions, score);
-    const std::vector<uint8_t> forced(positions.size(), 0);
+    forced.assign(positions.size(), 0);
     KeepTop(score, positions, forced, budget, keep);
   }
 
