@@ -71,7 +71,10 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& spec, const Mode
       sparse_groups.push_back(g.id);
       for (int32_t l : g.layers) {
         const LayerSpec& ls = spec.layers[static_cast<size_t>(l)];
-        sparse_layers.push_back({l, g.id, ls.kind == LayerKind::kMla ? 1 : ls.num_kv_heads});
+        const bool mla = ls.kind == LayerKind::kMla;
+        sparse_layers.push_back({l, g.id, mla ? 1 : ls.num_kv_heads,
+                                 mla ? ls.head_dim_k : ls.num_kv_heads * ls.head_dim_k,
+                                 mla ? 0 : ls.num_kv_heads * ls.head_dim_v});
       }
     }
     if (sparse_layers.empty()) {
@@ -294,6 +297,10 @@ Result<bool> Engine::RunStep(Live& r, int64_t computed, int64_t n,
   const std::vector<float> logits =
       Forward(spec_, weights_, tokens, step.begin, step.end, *view, r.seq.encoder);
   HKV_RETURN_IF_ERROR(view->status());
+  if (options_.sparse) {
+    ShowWritten(r, *view);
+    HKV_RETURN_IF_ERROR(view->status());
+  }
   const auto vocab = static_cast<size_t>(weights_.vocab);
   const auto row = [&](int64_t p) {
     const auto at = static_cast<ptrdiff_t>(static_cast<size_t>(p - step.begin) * vocab);

@@ -12,6 +12,7 @@ Status Engine::StartSparse(Live& r, int64_t hit) {
   r.sparse.resize(sparse_layers_.size());
   for (SparseLayerState& s : r.sparse) {
     HKV_ASSIGN_OR_RETURN(s.policy, MakePolicy(options_.sparse->policy));
+    s.shown = 0;
     // What a hit brings back was computed densely (nothing after an eviction is published), and
     // is held whole.
     s.kept.resize(static_cast<size_t>(hit));
@@ -44,6 +45,30 @@ void Engine::PrepareSparse(Live& r, int64_t begin, int64_t end, PagedKvCache::St
     fb.assign(rows > 0 ? pos.size() * static_cast<size_t>(sparse_layers_[i].kv_heads) : 0, 0.0f);
     step_views_[i] = SlotView{pos, static_cast<int64_t>(s.kept.size()), rows, fb};
     view.SetSlots(sparse_layers_[i].layer, &step_views_[i]);
+  }
+}
+
+void Engine::ShowWritten(Live& r, PagedKvCache::StepView& view) {
+  for (size_t i = 0; i < sparse_layers_.size(); ++i) {
+    SparseLayerState& s = r.sparse[i];
+    if (!s.policy->WantsKeys()) continue;
+    const SparseLayer& l = sparse_layers_[i];
+    const std::vector<int64_t>& pos = step_positions_[i];
+    const auto n = static_cast<int64_t>(pos.size());
+    const auto kw = static_cast<size_t>(l.key_width), vw = static_cast<size_t>(l.value_width);
+    shown_keys_.clear();
+    shown_values_.clear();
+    for (int64_t slot = s.shown; slot < n;) {
+      const KvRows rows = view.Rows(l.layer, slot);
+      const int64_t take = std::clamp<int64_t>(rows.n, 1, n - slot);
+      shown_keys_.insert(shown_keys_.end(), rows.k, rows.k + static_cast<size_t>(take) * kw);
+      if (vw > 0 && rows.v != nullptr)
+        shown_values_.insert(shown_values_.end(), rows.v, rows.v + static_cast<size_t>(take) * vw);
+      slot += take;
+    }
+    s.policy->Written({std::span<const int64_t>(pos).subspan(static_cast<size_t>(s.shown)),
+                       l.kv_heads, l.key_width, l.value_width, shown_keys_, shown_values_});
+    s.shown = n;
   }
 }
 
@@ -122,6 +147,7 @@ Status Engine::FinishSparse(Live& r, int64_t begin, int64_t end) {
         continue;
       }
       s.policy->Compact(step_keep_[i]);
+      s.shown = static_cast<int64_t>(step_keep_[i].size());
       s.kept.clear();
       for (int32_t slot : step_keep_[i])
         s.kept.push_back(pos[static_cast<size_t>(slot)]);

@@ -20,8 +20,9 @@
 namespace hkv {
 namespace {
 
-constexpr PolicyKind kPolicies[] = {PolicyKind::kDense, PolicyKind::kStreamingLlm, PolicyKind::kH2O,
-                                    PolicyKind::kTova, PolicyKind::kSnapKv};
+constexpr PolicyKind kPolicies[] = {PolicyKind::kDense,  PolicyKind::kStreamingLlm,
+                                    PolicyKind::kH2O,    PolicyKind::kTova,
+                                    PolicyKind::kSnapKv, PolicyKind::kKnorm};
 
 ModelSpec Load(const std::string& name) {
   const LoadOptions load{DType::kFP32, DType::kFP32, DType::kFP32};

@@ -158,12 +158,14 @@ class Engine {
   struct SparseLayerState {
     std::unique_ptr<KvPolicy> policy;
     std::vector<int64_t> kept;
+    int64_t shown = 0;  // leading slots whose rows the policy was given (WantsKeys)
     SparseLayerState() = default;
     SparseLayerState(const SparseLayerState& o)
-        : policy(o.policy ? o.policy->Clone() : nullptr), kept(o.kept) {}
+        : policy(o.policy ? o.policy->Clone() : nullptr), kept(o.kept), shown(o.shown) {}
     SparseLayerState& operator=(const SparseLayerState& o) {
       policy = o.policy ? o.policy->Clone() : nullptr;
       kept = o.kept;
+      shown = o.shown;
       return *this;
     }
     SparseLayerState(SparseLayerState&&) = default;
@@ -201,6 +203,8 @@ class Engine {
   // the step's Commit, feeds the policies and evicts what they drop.
   Status StartSparse(Live& r, int64_t hit);
   void PrepareSparse(Live& r, int64_t begin, int64_t end, PagedKvCache::StepView& view);
+  // After the pass: the rows not yet shown to policies that rank by keys (WantsKeys).
+  void ShowWritten(Live& r, PagedKvCache::StepView& view);
   Status FinishSparse(Live& r, int64_t begin, int64_t end);
 
   const ModelSpec& spec_;
@@ -221,6 +225,7 @@ class Engine {
   // the feedback), and per-step scratch, one entry per such layer.
   struct SparseLayer {
     int32_t layer = 0, group = 0, kv_heads = 0;
+    int32_t key_width = 0, value_width = 0;  // floats per cached row (value 0: MLA)
   };
   std::vector<SparseLayer> sparse_layers_;
   std::vector<int32_t> sparse_groups_;
@@ -229,6 +234,7 @@ class Engine {
   std::vector<SlotView> step_views_;
   std::vector<std::vector<int32_t>> step_keep_;
   std::vector<int32_t> old_table_;
+  std::vector<float> shown_keys_, shown_values_;
 };
 
 // Compares a finished sequence with the dense reference: logits of every computed position

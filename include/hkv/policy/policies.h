@@ -15,6 +15,9 @@
 //   The window is kept even when it exceeds the budget; its queries are those of the step that
 //   ends the prompt (fewer than `window` when that step is shorter). Before the prompt ends it has
 //   no signal and keeps all.
+// - knorm: the `recent` most recent tokens plus the rest of the budget by the smallest key norm
+//   (L2 norm of each KV head's key, averaged over the heads; low-norm keys draw high attention).
+//   It needs no attention weights, only the keys as written (KvPolicy::Written).
 // A budget is a token count or a fraction of the sequence's length (rounded up, at least 1); a
 // default-constructed one is the whole sequence.
 #pragma once
@@ -28,7 +31,7 @@
 
 namespace hkv {
 
-enum class PolicyKind : unsigned char { kDense, kStreamingLlm, kH2O, kTova, kSnapKv };
+enum class PolicyKind : unsigned char { kDense, kStreamingLlm, kH2O, kTova, kSnapKv, kKnorm };
 
 std::string_view PolicyKindName(PolicyKind kind);  // "dense", "streaming_llm", "h2o", ...
 Result<PolicyKind> ParsePolicyKind(std::string_view name);
@@ -36,7 +39,7 @@ Result<PolicyKind> ParsePolicyKind(std::string_view name);
 struct PolicyConfig {
   PolicyKind kind = PolicyKind::kDense;
   int32_t sinks = 4;              // streaming_llm
-  int32_t recent = 0;             // h2o: most recent tokens always kept
+  int32_t recent = 0;             // h2o, knorm: most recent tokens always kept
   bool normalize_by_age = false;  // h2o
   int32_t window = 32;            // snapkv: observation window (queries and kept tokens)
   int32_t kernel = 5;             // snapkv: pooling width (odd)
