@@ -117,6 +117,17 @@ void BindManager(py::module_& m) {
                            t.computed, t.recompute);
       });
 
+  py::class_<EvictResult>(m, "EvictResult")
+      .def_readonly("write_from", &EvictResult::write_from)
+      .def_readonly("keep", &EvictResult::keep)
+      .def_readonly("blocks_released", &EvictResult::blocks_released)
+      .def_readonly("blocks_replaced", &EvictResult::blocks_replaced)
+      .def("__repr__", [](const EvictResult& e) {
+        return fmt::format(
+            "EvictResult(write_from={}, keep={}, blocks_released={}, blocks_replaced={})",
+            e.write_from, e.keep, e.blocks_released, e.blocks_replaced);
+      });
+
   py::class_<PoolUsage>(m, "PoolUsage")
       .def_readonly("num_blocks", &PoolUsage::num_blocks)
       .def_readonly("num_free", &PoolUsage::num_free)
@@ -242,6 +253,16 @@ void BindManager(py::module_& m) {
             return self.Locked([&](KvCacheManager& mgr) { return Value(mgr.Truncate(id, n)); });
           },
           py::arg("id"), py::arg("n"))
+      .def(
+          "evict",
+          [](Manager& self, uint64_t id, int32_t group, int64_t keep, int64_t unchanged) {
+            return self.Locked(
+                [&](KvCacheManager& mgr) { return Value(mgr.Evict(id, group, keep, unchanged)); });
+          },
+          py::arg("id"), py::arg("group"), py::arg("keep"), py::arg("unchanged"),
+          "Sparse KV: keep `keep` slots of a full-attention group, the first `unchanged` in "
+          "place; the engine then moves each kept row to its slot from write_from on, reading "
+          "the table from before the call.")
       .def(
           "free",
           [](Manager& self, uint64_t id) {

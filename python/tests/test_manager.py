@@ -155,6 +155,23 @@ def test_fork_copies_the_shared_partial_block_and_truncate_rolls_back(small):
     small.check_invariants()
 
 
+def test_evict_returns_blocks_and_refuses_truncate_afterwards(small):
+    run_prompt(small, 1, range(20))
+    before = small.block_table(1, 0)
+    assert small.usage(0).num_free == 3
+    e = small.evict(1, 0, 8, 4)
+    assert (e.keep, e.write_from, e.blocks_released, e.blocks_replaced) == (8, 4, 3, 1)
+    assert "EvictResult" in repr(e)
+    after = small.block_table(1, 0)
+    assert len(after) == 2 and after[0] == before[0] and after[1] != before[1]
+    assert small.usage(0).num_free == 6
+    with pytest.raises(hybridkv.FailedPreconditionError, match="evicted"):
+        small.truncate(1, 4)
+    with pytest.raises(hybridkv.InvalidArgumentError, match="keep 9"):
+        small.evict(1, 0, 9, 0)
+    small.check_invariants()
+
+
 def test_events_and_reset(small):
     run_prompt(small, 1, range(10))
     events = small.take_events()

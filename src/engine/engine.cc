@@ -56,10 +56,40 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& spec, const Mode
         "engine: token budget {} and chunk {} must be >= 1, draft tokens {} and lookahead {} >= 0",
         options.token_budget, options.chunk, options.draft_tokens, options.lookahead));
   }
+  std::vector<SparseLayer> sparse_layers;
+  std::vector<int32_t> sparse_groups;
+  if (options.sparse) {
+    if (options.draft_tokens > 0) {
+      return Status::InvalidArgument(fmt::format(
+          "engine: sparse-KV policies with {} draft tokens: a request that evicted tokens cannot "
+          "roll rejected drafts back",
+          options.draft_tokens));
+    }
+    HKV_RETURN_IF_ERROR(MakePolicy(options.sparse->policy).status());
+    for (const KvGroup& g : plan.groups) {
+      if (g.rule.kind != TokenRuleKind::kAll) continue;
+      sparse_groups.push_back(g.id);
+      for (int32_t l : g.layers) {
+        const LayerSpec& ls = spec.layers[static_cast<size_t>(l)];
+        const bool mla = ls.kind == LayerKind::kMla;
+        sparse_layers.push_back({l, g.id, mla ? 1 : ls.num_kv_heads,
+                                 mla ? ls.head_dim_k : ls.num_kv_heads * ls.head_dim_k,
+                                 mla ? 0 : ls.num_kv_heads * ls.head_dim_v});
+      }
+    }
+    if (sparse_layers.empty()) {
+      return Status::InvalidArgument(
+          "engine: sparse-KV policies need a full-attention or MLA layer; this model has none "
+          "(windows, chunks and recurrent layers bound their memory already)");
+    }
+  }
   HKV_ASSIGN_OR_RETURN(KvCacheManager manager, KvCacheManager::Create(config));
   HKV_ASSIGN_OR_RETURN(PagedKvCache cache, PagedKvCache::Create(plan));
-  return std::unique_ptr<Engine>(
+  auto engine = std::unique_ptr<Engine>(
       new Engine(spec, weights, std::move(manager), std::move(cache), options));
+  engine->sparse_layers_ = std::move(sparse_layers);
+  engine->sparse_groups_ = std::move(sparse_groups);
+  return engine;
 }
 
 Status Engine::Submit(const GenerationRequest& request) {
@@ -217,6 +247,7 @@ Result<bool> Engine::RunStep(Live& r, int64_t computed, int64_t n,
   const RequestId id = r.seq.id;
   const PrefixHit hit = r.started ? PrefixHit{} : r.pending;
   const int64_t total = n + static_cast<int64_t>(drafts.size());
+  if (!r.started && options_.sparse) HKV_RETURN_IF_ERROR(StartSparse(r, hit.tokens));
   // Out of blocks: preempt the newest request admitted after this one and retry; if this one is
   // the newest, it yields itself. The oldest request therefore always makes progress.
   for (;;) {
@@ -260,11 +291,16 @@ Result<bool> Engine::RunStep(Live& r, int64_t computed, int64_t n,
   HKV_ASSIGN_OR_RETURN(const StepInfo step, manager_->Step(id));
   cache_.ApplyCopies(step.copies);
   HKV_ASSIGN_OR_RETURN(auto view, cache_.View(*manager_, id));
+  if (options_.sparse) PrepareSparse(r, step.begin, step.end, *view);
   std::vector<int32_t> tokens = r.seq.tokens;
   tokens.insert(tokens.end(), drafts.begin(), drafts.end());
   const std::vector<float> logits =
       Forward(spec_, weights_, tokens, step.begin, step.end, *view, r.seq.encoder);
   HKV_RETURN_IF_ERROR(view->status());
+  if (options_.sparse) {
+    ShowWritten(r, *view);
+    HKV_RETURN_IF_ERROR(view->status());
+  }
   const auto vocab = static_cast<size_t>(weights_.vocab);
   const auto row = [&](int64_t p) {
     const auto at = static_cast<ptrdiff_t>(static_cast<size_t>(p - step.begin) * vocab);
@@ -298,9 +334,14 @@ Result<bool> Engine::RunStep(Live& r, int64_t computed, int64_t n,
     HKV_RETURN_IF_ERROR(manager_->Commit(id, commit_at));
     HKV_RETURN_IF_ERROR(AfterManagerCall());
   }
+  // Drafts are refused with policies, so the step committed whole.
+  if (options_.sparse) HKV_RETURN_IF_ERROR(FinishSparse(r, step.begin, step.end));
   counters_.window_blocks_freed += std::max<int64_t>(0, WindowNulls(id) - nulls_before);
-  for (int64_t p = step.begin; p < commit_at; ++p)
+  for (int64_t p = step.begin; p < commit_at; ++p) {
     r.seq.logits[p] = row(p);
+    if (options_.sparse && options_.sparse->record_steps)
+      r.seq.sparse_runs.back().logits[p] = r.seq.logits[p];
+  }
   for (int64_t a = 0; a < accepted; ++a) {
     const int32_t t = drafts[static_cast<size_t>(a)];
     r.seq.tokens.push_back(t);
@@ -374,15 +415,26 @@ Status Engine::Step() {
   return Status::Ok();
 }
 
-DenseCheck CheckAgainstDense(const ModelSpec& spec, const ModelWeights& weights,
-                             const Sequence& seq, float tolerance) {
+namespace {
+
+// Compares every computed position's logits and every generated token with `reference` (rows of
+// logits from position 0 on).
+// Compares `logits` (positions computed) and the tokens sampled at positions [sampled_from,
+// sampled_to) with `dense` (rows of reference logits from position 0 on).
+DenseCheck CheckAgainst(const std::vector<float>& dense, const ModelWeights& weights,
+                        const Sequence& seq, const std::map<int64_t, std::vector<float>>& logits,
+                        int64_t sampled_from, int64_t sampled_to, float tolerance) {
   DenseCheck c;
-  const std::vector<float> dense = DenseLogits(spec, weights, seq.tokens, seq.encoder);
   const auto vocab = static_cast<size_t>(weights.vocab);
   const auto dense_row = [&](int64_t p) {
     return std::span<const float>(dense.data() + static_cast<size_t>(p) * vocab, vocab);
   };
-  for (const auto& [p, row] : seq.logits) {
+  const auto rows = static_cast<int64_t>(dense.size() / vocab);
+  for (const auto& [p, row] : logits) {
+    if (p >= rows) {
+      ++c.mismatches;  // the reference never computed it: a record is missing
+      continue;
+    }
     float worst = 0.0f;
     const auto d = dense_row(p);
     for (size_t i = 0; i < vocab; ++i)
@@ -390,7 +442,11 @@ DenseCheck CheckAgainstDense(const ModelSpec& spec, const ModelWeights& weights,
     c.max_logit_diff = std::max(c.max_logit_diff, worst);
     if (!(worst <= tolerance)) ++c.mismatches;
   }
-  for (int64_t p = seq.prompt_len; p < static_cast<int64_t>(seq.tokens.size()); ++p) {
+  for (int64_t p = std::max(seq.prompt_len, sampled_from); p < sampled_to; ++p) {
+    if (p - 1 >= rows) {
+      ++c.mismatches;
+      continue;
+    }
     int32_t want = 0;
     if (seq.greedy) {
       want = Argmax(dense_row(p - 1));
@@ -405,6 +461,32 @@ DenseCheck CheckAgainstDense(const ModelSpec& spec, const ModelWeights& weights,
     if (want != seq.tokens[static_cast<size_t>(p)]) ++c.mismatches;
   }
   return c;
+}
+
+}  // namespace
+
+DenseCheck CheckAgainstDense(const ModelSpec& spec, const ModelWeights& weights,
+                             const Sequence& seq, float tolerance) {
+  return CheckAgainst(DenseLogits(spec, weights, seq.tokens, seq.encoder), weights, seq, seq.logits,
+                      0, static_cast<int64_t>(seq.tokens.size()), tolerance);
+}
+
+DenseCheck CheckAgainstMasked(const ModelSpec& spec, const ModelWeights& weights,
+                              const Sequence& seq, float tolerance) {
+  DenseCheck total;
+  if (seq.sparse_runs.empty() && !seq.logits.empty()) total.mismatches = 1;  // nothing recorded
+  for (size_t i = 0; i < seq.sparse_runs.size(); ++i) {
+    const Sequence::SparseRun& run = seq.sparse_runs[i];
+    const int64_t sampled_to = i + 1 < seq.sparse_runs.size()
+                                   ? seq.sparse_runs[i + 1].tokens_before
+                                   : static_cast<int64_t>(seq.tokens.size());
+    const DenseCheck c =
+        CheckAgainst(MaskedLogits(spec, weights, seq.tokens, run.steps, seq.encoder), weights, seq,
+                     run.logits, run.tokens_before, sampled_to, tolerance);
+    total.mismatches += c.mismatches;
+    total.max_logit_diff = std::max(total.max_logit_diff, c.max_logit_diff);
+  }
+  return total;
 }
 
 }  // namespace hkv

@@ -240,12 +240,32 @@ KvRows PagedKvCache::StepView::Fail(int32_t layer, int64_t pos, std::string why)
   return {scratch_.data(), scratch_.data(), 1};
 }
 
+void PagedKvCache::StepView::SetSlots(int32_t layer, const SlotView* view) {
+  sparse_.resize(cache_->address_.size(), nullptr);
+  sparse_[static_cast<size_t>(layer)] = view;
+}
+
+const SlotView* PagedKvCache::StepView::Slots(int32_t layer) {
+  return static_cast<size_t>(layer) < sparse_.size() ? sparse_[static_cast<size_t>(layer)]
+                                                     : nullptr;
+}
+
 KvRows PagedKvCache::StepView::Rows(int32_t layer, int64_t pos) {
   const RowAddress& a = cache_->address_[static_cast<size_t>(layer)];
   if (a.group < 0) return Fail(layer, pos, "the layer owns no cache tensor");
   const int64_t bs = a.block_tokens;
   int64_t block = 0, offset = 0, n = 0;
-  if (!a.encoder && pos >= begin_ && pos < end_) {
+  if (const SlotView* sv = Slots(layer); sv != nullptr) {
+    // A sparse layer's table indexes slots, the step's own included (Evict, SlotMapping).
+    const auto& table = tables_[static_cast<size_t>(a.group)];
+    const auto slots = static_cast<int64_t>(sv->positions.size());
+    if (pos < 0 || pos >= slots || pos / bs >= static_cast<int64_t>(table.size())) {
+      return Fail(layer, pos, "slot outside the sparse layer's table");
+    }
+    block = table[static_cast<size_t>(pos / bs)];
+    offset = pos % bs;
+    n = std::min(bs - offset, slots - pos);
+  } else if (!a.encoder && pos >= begin_ && pos < end_) {
     // The step's own positions: where SlotMapping put them.
     const int64_t slot = slots_[static_cast<size_t>(a.group)][static_cast<size_t>(pos - begin_)];
     block = slot / bs;
@@ -270,6 +290,28 @@ KvRows PagedKvCache::StepView::Rows(int32_t layer, int64_t pos) {
           ? nullptr
           : reinterpret_cast<float*>(a.Block(a.v_base, a.v_stride, block) + offset * a.v_row);
   return {k, v, n};
+}
+
+void PagedKvCache::MoveSlots(int32_t layer, std::span<const int32_t> old_table,
+                             std::span<const int32_t> new_table, std::span<const int32_t> keep,
+                             int64_t from) {
+  const RowAddress& a = address_[static_cast<size_t>(layer)];
+  const int64_t bs = a.block_tokens;
+  const auto row = [&](unsigned char* base, int64_t stride, int64_t width,
+                       std::span<const int32_t> table, int64_t slot) {
+    return a.Block(base, stride, table[static_cast<size_t>(slot / bs)]) + (slot % bs) * width;
+  };
+  for (auto s = static_cast<size_t>(from); s < keep.size(); ++s) {
+    const int64_t src = keep[s];
+    const auto dst = static_cast<int64_t>(s);
+    unsigned char* to = row(a.k_base, a.k_stride, a.k_row, new_table, dst);
+    unsigned char* fro = row(a.k_base, a.k_stride, a.k_row, old_table, src);
+    if (to != fro) std::memmove(to, fro, static_cast<size_t>(a.k_row));
+    if (a.v_base == nullptr) continue;
+    to = row(a.v_base, a.v_stride, a.v_row, new_table, dst);
+    fro = row(a.v_base, a.v_stride, a.v_row, old_table, src);
+    if (to != fro) std::memmove(to, fro, static_cast<size_t>(a.v_row));
+  }
 }
 
 }  // namespace hkv

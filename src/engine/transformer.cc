@@ -107,9 +107,12 @@ void Prefetch(const float* p, int64_t n, size_t width) {
 // over the values (the cache is read once per query position), and every head accumulates in
 // position order whatever the run boundaries, so paged and contiguous stores give bit-identical
 // results.
+// With `feedback` (null: none), every weight divided by `group` is also added at
+// feedback[(h / group) * feedback_stride + slot], the slot counted from the first run.
 void Attend(std::span<const KvRows> runs, const float* q, int32_t heads, int32_t group, int32_t d,
             size_t k_width, size_t v_width, float scale, const float* sinks,
-            std::vector<float>& scores, float* o) {
+            std::vector<float>& scores, float* o, float* feedback = nullptr,
+            size_t feedback_stride = 0) {
   int64_t total = 0;
   for (const KvRows& r : runs)
     total += r.n;
@@ -145,6 +148,15 @@ void Attend(std::span<const KvRows> runs, const float* q, int32_t heads, int32_t
     denom[h] = sum;
   }
   std::fill(o, o + static_cast<size_t>(heads * d), 0.0f);
+  if (feedback != nullptr) {
+    const float share = 1.0f / static_cast<float>(group);
+    for (int32_t h = 0; h < heads; ++h) {
+      const float* sh = scores.data() + static_cast<size_t>(h) * stride;
+      float* fb = feedback + static_cast<size_t>(h / group) * feedback_stride;
+      for (size_t j = 0; j < stride; ++j)
+        fb[j] += sh[j] / denom[h] * share;
+    }
+  }
   at = 0;
   for (size_t ri = 0; ri < runs.size(); ++ri) {
     const KvRows& r = runs[ri];
@@ -312,6 +324,9 @@ void Attention(const ModelSpec& spec, size_t li, const LayerWeights& w, int64_t 
   const auto own = static_cast<int32_t>(li);
   const int32_t source = CacheSource(spec, li);
   const bool cross = l.kind == LayerKind::kCrossAttention;
+  const SlotView* sv = cross ? nullptr : store.Slots(source);
+  // Where position `pos` of the step lives in the layer's cache: its slot for a sparse layer.
+  const auto at = [&](int64_t pos) { return sv != nullptr ? sv->first_new + (pos - begin) : pos; };
   if (cross && encoder_states != nullptr) {
     // The encoder's K/V, once per request (the store says whether they are cached already).
     for (int64_t t = 0; t < encoder.tokens; ++t) {
@@ -330,7 +345,7 @@ void Attention(const ModelSpec& spec, size_t li, const LayerWeights& w, int64_t 
     MatVec(w.wq, s.normed.data(), qt);
     if (l.rope && !cross) Rope(qt, qh, d, pos);
     if (source == own && !cross) {
-      const KvRows r = store.Rows(own, pos);
+      const KvRows r = store.Rows(own, at(pos));
       MatVec(w.wk, s.normed.data(), r.k);
       if (l.rope) Rope(r.k, kvh, d, pos);
       MatVec(w.wv, s.normed.data(), r.v);
@@ -344,14 +359,20 @@ void Attention(const ModelSpec& spec, size_t li, const LayerWeights& w, int64_t 
     s.runs.clear();
     if (cross) {
       GatherRuns(store, source, 0, encoder.tokens, s.runs);
+    } else if (sv != nullptr) {
+      GatherRuns(store, source, 0, at(pos) + 1, s.runs);
     } else {
       int64_t ranges[2][2];
       const int count = AttendedRanges(l, pos, ranges);
       for (int i = 0; i < count; ++i)
         GatherRuns(store, source, ranges[i][0], ranges[i][1], s.runs);
     }
+    // Feedback goes to the policy of the layer that owns the cache, from its own queries.
+    const bool observed =
+        sv != nullptr && source == own && static_cast<int64_t>(n - t) <= int64_t{sv->feedback_rows};
     Attend(s.runs, s.queries.data() + t * q_width, qh, qh / kvh, d, row, row, scale,
-           l.learned_sinks ? w.sink_logits.data() : nullptr, s.scores, s.att.data());
+           l.learned_sinks ? w.sink_logits.data() : nullptr, s.scores, s.att.data(),
+           observed ? sv->feedback.data() : nullptr, sv != nullptr ? sv->positions.size() : 0);
     MatVec(w.wo, s.att.data(), s.out.data());
     for (size_t i = 0; i < hs; ++i)
       x[t * hs + i] += s.out[i];
@@ -371,6 +392,8 @@ void LatentAttention(const ModelSpec& spec, size_t li, const LayerWeights& w, in
   const auto own = static_cast<int32_t>(li);
   const auto q_head = static_cast<size_t>(m.nope + m.rope);
   const auto q_width = static_cast<size_t>(qh) * q_head;
+  const SlotView* sv = store.Slots(own);
+  const auto at = [&](int64_t pos) { return sv != nullptr ? sv->first_new + (pos - begin) : pos; };
   s.queries.resize(n * q_width);
   for (size_t t = 0; t < n; ++t) {
     const int64_t pos = begin + static_cast<int64_t>(t);
@@ -379,7 +402,7 @@ void LatentAttention(const ModelSpec& spec, size_t li, const LayerWeights& w, in
     MatVec(w.wq, s.normed.data(), qt);
     for (int32_t head = 0; head < qh; ++head)
       Rope(qt + static_cast<size_t>(head) * q_head + m.nope, 1, m.rope, pos);
-    float* latent = store.Rows(own, pos).k;
+    float* latent = store.Rows(own, at(pos)).k;
     MatVec(w.wk, s.normed.data(), latent);
     Rope(latent + m.rank, 1, m.rope, pos);
   }
@@ -391,7 +414,7 @@ void LatentAttention(const ModelSpec& spec, size_t li, const LayerWeights& w, in
   for (size_t t = 0; t < n; ++t) {
     const int64_t pos = begin + static_cast<int64_t>(t);
     s.runs.clear();
-    GatherRuns(store, own, 0, pos + 1, s.runs);
+    GatherRuns(store, own, 0, at(pos) + 1, s.runs);
     // Values are the latent part of the same rows.
     for (KvRows& r : s.runs)
       r.v = r.k;
@@ -409,8 +432,12 @@ void LatentAttention(const ModelSpec& spec, size_t li, const LayerWeights& w, in
       std::copy_n(q + m.nope, m.rope, a + m.rank);
     }
     // Every head attends over the same latent rows: one pass for all of them.
+    // One latent serves every head: the feedback has a single KV head.
+    const bool observed =
+        sv != nullptr && static_cast<int64_t>(n - t) <= int64_t{sv->feedback_rows};
     Attend(s.runs, s.absorbed.data(), qh, qh, m.rank + m.rope, row, row, scale, nullptr, s.scores,
-           s.latent_out.data());
+           s.latent_out.data(), observed ? sv->feedback.data() : nullptr,
+           sv != nullptr ? sv->positions.size() : 0);
     // The averaged rows include the rope keys; only the latent part feeds w_uv.
     for (int32_t head = 0; head < qh; ++head) {
       const float* lat = s.latent_out.data() + static_cast<size_t>(head) * row;

@@ -106,6 +106,11 @@ Result<VerifyReport> RunVerify(const ModelSpec& real, const VerifyOptions& o) {
   eo.poison_free_blocks = true;
   eo.lookahead = 2;
   eo.compact = o.compact;
+  if (o.sparse) {
+    eo.draft_tokens = 0;
+    eo.sparse = o.sparse;
+    eo.sparse->record_steps = true;
+  }
   HKV_ASSIGN_OR_RETURN(auto engine, Engine::Create(spec, weights, plan, config, eo));
 
   SplitMix64 rng(o.seed);
@@ -165,8 +170,10 @@ Result<VerifyReport> RunVerify(const ModelSpec& real, const VerifyOptions& o) {
   }
   report.completed = submitted >= o.requests && engine->idle();
   for (const Sequence& seq : engine->finished()) {
-    const DenseCheck c = CheckAgainstDense(spec, weights, seq);
+    const DenseCheck dense = CheckAgainstDense(spec, weights, seq);
+    const DenseCheck c = o.sparse ? CheckAgainstMasked(spec, weights, seq) : dense;
     report.mismatches += c.mismatches;
+    report.dense_mismatches += dense.mismatches;
     report.max_logit_diff = std::max(report.max_logit_diff, c.max_logit_diff);
   }
   report.requests = static_cast<int64_t>(engine->finished().size());

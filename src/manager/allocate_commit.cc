@@ -129,9 +129,10 @@ Status KvCacheManager::Impl::Allocate(Request& r, int64_t num_new, const PrefixH
           }
           have = nb.hi;
         }
-        n += std::max<int64_t>(0, CeilDiv(reserve, bs) - have);
-        if (r.started && begin % bs != 0) {
-          const int32_t b = gs.table[static_cast<size_t>(begin / bs)];
+        // After Evict the table indexes slots: position p sits in slot p - evicted.
+        n += std::max<int64_t>(0, CeilDiv(reserve - gs.evicted, bs) - have);
+        if (r.started && (begin - gs.evicted) % bs != 0) {
+          const int32_t b = gs.table[static_cast<size_t>((begin - gs.evicted) / bs)];
           if (bp.ref_count(b) > 1 || bp.has_identity(b)) ++n;  // copy-on-write
         }
       } else if (gc.is_encoder()) {
@@ -257,8 +258,8 @@ Status KvCacheManager::Impl::Allocate(Request& r, int64_t num_new, const PrefixH
     GroupState& gs = r.groups[gi];
     if (IsDecoderTokens(gc)) {
       const int64_t bs = gc.block_tokens;
-      if (r.started && begin % bs != 0) {
-        int32_t& b = gs.table[static_cast<size_t>(begin / bs)];
+      if (r.started && (begin - gs.evicted) % bs != 0) {
+        int32_t& b = gs.table[static_cast<size_t>((begin - gs.evicted) / bs)];
         if (bp.ref_count(b) > 1 || bp.has_identity(b)) {
           fresh.clear();
           Must(bp.Allocate(1, fresh));
@@ -266,7 +267,8 @@ Status KvCacheManager::Impl::Allocate(Request& r, int64_t num_new, const PrefixH
           b = fresh[0];
         }
       }
-      const int64_t want = CeilDiv(reserve, bs) - static_cast<int64_t>(gs.table.size());
+      const int64_t want =
+          CeilDiv(reserve - gs.evicted, bs) - static_cast<int64_t>(gs.table.size());
       if (want > 0) {
         fresh.clear();
         Must(bp.Allocate(static_cast<int32_t>(want), fresh));
@@ -390,7 +392,7 @@ Status KvCacheManager::Impl::Commit(Request& r, int64_t c) {
     }
   }
   const int64_t known = r.known();
-  const int64_t publish_limit = std::min(c, known);
+  const int64_t publish_limit = std::min({c, known, r.publish_until});
   r.computed = c;
   r.step_open = false;
   r.copies.clear();
@@ -407,7 +409,8 @@ Status KvCacheManager::Impl::Commit(Request& r, int64_t c) {
       }
     } else if (IsDecoderTokens(gc)) {
       const int64_t bs = gc.block_tokens;
-      const int64_t full = publish_limit / bs;
+      // A group that evicted tokens indexes slots, which no digest names.
+      const int64_t full = gs.evicted > 0 ? 0 : publish_limit / bs;
       for (int64_t j = gs.num_published; j < full; ++j) {
         const int32_t b = gs.table[static_cast<size_t>(j)];
         if (b != BlockPool::kNullBlock) PublishBlock(pool, b, TokenKey(r, g, j));
@@ -464,7 +467,7 @@ Status KvCacheManager::Impl::Commit(Request& r, int64_t c) {
       // An aligned, known position: a checkpoint is published; any other is kept as the
       // rolling state (a second reference, so the next step writes elsewhere), to be published
       // when the request ends.
-      if (config.enable_prefix_caching && c > 0 && c % align == 0 && c <= known &&
+      if (config.enable_prefix_caching && c > 0 && c % align == 0 && c <= publish_limit &&
           live != BlockPool::kNullBlock && !pools[static_cast<size_t>(pool)].has_identity(live)) {
         if (IsCheckpoint(r, c)) {
           PublishBlock(pool, live, StateKey(r, g, c));

@@ -86,9 +86,14 @@ Status KvCacheManager::Impl::CheckInvariants() const {
         continue;
       }
       const int64_t bs = gc.block_tokens;
-      if (static_cast<int64_t>(gs.table.size()) != CeilDiv(r.reserved, bs)) {
-        return fail(fmt::format("group {} table has {} blocks for {} reserved positions", g,
-                                gs.table.size(), r.reserved));
+      if (static_cast<int64_t>(gs.table.size()) != CeilDiv(r.reserved - gs.evicted, bs)) {
+        return fail(
+            fmt::format("group {} table has {} blocks for {} reserved positions ({} evicted)", g,
+                        gs.table.size(), r.reserved, gs.evicted));
+      }
+      if (gs.evicted > 0 && (gc.rule.kind != TokenRuleKind::kAll || r.publish_until > r.computed)) {
+        return fail(fmt::format("group {} evicted {} tokens but publishes until {} (computed {})",
+                                g, gs.evicted, r.publish_until, r.computed));
       }
       const NeededBlocks nb = Needed(g, std::min(r.computed, r.known()));
       for (size_t j = 0; j < gs.table.size(); ++j) {

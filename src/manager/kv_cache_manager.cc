@@ -24,6 +24,7 @@ void GroupState::Clear() {
   table.clear();
   num_published = 0;
   release_from = 0;
+  evicted = 0;
   live = 0;
   rolling = {};
   held.clear();
@@ -341,6 +342,7 @@ Status KvCacheManager::AddRequest(const RequestSpec& spec) {
   r.prompt_len = prompt_len;
   r.divergence = 0;
   r.window_branch = 0;
+  r.publish_until = Request::kNoLimit;
   r.computed = r.reserved = 0;
   r.started = r.step_open = r.encoder_ready = false;
   r.step_begin = r.step_end = 0;
@@ -504,15 +506,24 @@ Status KvCacheManager::SlotMapping(RequestId id, int32_t group, int64_t begin, i
     return Status::InvalidArgument(
         fmt::format("slot mapping: group {} is a state group; use State()", group));
   }
-  const std::vector<int32_t>& table = r->groups[static_cast<size_t>(group)].table;
+  const GroupState& gs = r->groups[static_cast<size_t>(group)];
+  const std::vector<int32_t>& table = gs.table;
   const int64_t bs = gc.block_tokens;
   const int64_t limit = gc.is_encoder() ? static_cast<int64_t>(table.size()) * bs : r->reserved;
+  if (gs.evicted > 0 && begin < r->computed && begin < end) {
+    return Status::InvalidArgument(fmt::format(
+        "slot mapping: request {} group {} evicted tokens; positions before its computed {} have "
+        "no fixed slot (asked from {})",
+        id, group, r->computed, begin));
+  }
   if (begin < 0 || begin > end || end > limit) {
     return Status::InvalidArgument(fmt::format(
         "slot mapping: positions [{}, {}) outside the reserved [0, {}) of request {} group {}",
         begin, end, limit, id, group));
   }
-  for (int64_t p = begin; p < end; p += bs - p % bs) {
+  // After Evict, position p sits in slot p - evicted.
+  const int64_t shift = gs.evicted;
+  for (int64_t p = begin - shift; p < end - shift; p += bs - p % bs) {
     if (table[static_cast<size_t>(p / bs)] == BlockPool::kNullBlock) {
       return Status::InvalidArgument(fmt::format(
           "slot mapping: position {} of request {} group {} is no longer kept (window or chunk)", p,
@@ -526,8 +537,8 @@ Status KvCacheManager::SlotMapping(RequestId id, int32_t group, int64_t begin, i
   }
   // One block at a time: slots within a block are consecutive.
   size_t at = 0;
-  for (int64_t p = begin; p < end;) {
-    const int64_t block_end = std::min(end, (p / bs + 1) * bs);
+  for (int64_t p = begin - shift; p < end - shift;) {
+    const int64_t block_end = std::min(end - shift, (p / bs + 1) * bs);
     int64_t slot = int64_t{table[static_cast<size_t>(p / bs)]} * bs + p % bs;
     for (; p < block_end; ++p)
       out[at++] = slot++;

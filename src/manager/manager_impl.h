@@ -31,6 +31,9 @@ struct GroupState {
   std::vector<int32_t> table;  // null for positions the group no longer (or never) keeps
   int32_t num_published = 0;   // leading blocks already offered to the prefix index
   int32_t release_from = 0;    // window/chunk: blocks in [sink blocks, release_from) are null
+  // Full-attention groups after Evict (sparse KV): positions dropped from the table, which then
+  // indexes cache slots (slot = position - evicted for the positions computed since).
+  int64_t evicted = 0;
   // State groups.
   int32_t live = 0;             // the state after `computed` tokens; null when computed == 0
   HeldState rolling;            // newest aligned state reached, published when the request ends
@@ -42,6 +45,7 @@ struct GroupState {
 };
 
 struct Request {
+  static constexpr int64_t kNoLimit = INT64_MAX;
   RequestId id = 0;
   std::vector<int32_t> tokens;    // known tokens
   std::vector<BlockHash> hashes;  // hashes[i]: chain digest of tokens [0, (i+1) * hash_tokens)
@@ -65,6 +69,9 @@ struct Request {
   // Checkpoints at positions after this one were published by this request (before it: by the
   // request it hit or forked from), so its retention rules may demote them.
   int64_t own_from = 0;
+  // Positions at or past this hold KV and state computed after the request evicted tokens
+  // (Evict): they are not a function of the tokens alone, so they are never published.
+  int64_t publish_until = kNoLimit;
   int64_t computed = 0;
   int64_t reserved = 0;  // token tables cover [0, reserved)
   bool started = false;  // the first Allocate happened
@@ -174,6 +181,8 @@ struct KvCacheManager::Impl {
   Status Allocate(Request& r, int64_t num_new, const PrefixHit& hit, int64_t lookahead);
   Status Commit(Request& r, int64_t computed);
   Result<TruncateResult> Truncate(Request& r, int64_t n);
+  Result<EvictResult> Evict(Request& r, int32_t group, int64_t keep,
+                            int64_t unchanged);  // evict.cc
   Status Fork(const Request& parent, RequestId child);
   void FreeRequest(Request& r);
   Result<CompactionResult> Compact(std::span<const int64_t> max_slabs_per_class);  // compaction.cc

@@ -13,6 +13,12 @@ Result<TruncateResult> KvCacheManager::Impl::Truncate(Request& r, int64_t n) {
         fmt::format("truncate: request {} has an open step [{}, {}); commit it first", r.id,
                     r.step_begin, r.step_end));
   }
+  if (r.publish_until != Request::kNoLimit) {
+    return Status::FailedPrecondition(
+        fmt::format("truncate: request {} evicted tokens (sparse KV); what it computed since "
+                    "depends on them and cannot be rolled back",
+                    r.id));
+  }
   const int64_t old_known = r.known();
   const int64_t limit = std::max(old_known, r.computed);
   if (n < 0 || n > limit) {
@@ -131,8 +137,9 @@ Status KvCacheManager::Impl::Fork(const Request& parent, RequestId child) {
       continue;
     }
     // Token tables end at the parent's computed positions (its lookahead stays its own).
-    const size_t keep = gc.is_encoder() ? cs.table.size()
-                                        : static_cast<size_t>(CeilDiv(p.computed, gc.block_tokens));
+    const size_t keep =
+        gc.is_encoder() ? cs.table.size()
+                        : static_cast<size_t>(CeilDiv(p.computed - cs.evicted, gc.block_tokens));
     cs.table.resize(keep);
     for (int32_t b : cs.table) {
       if (b != BlockPool::kNullBlock) AcquireHeld(gc.pool, b);
@@ -192,7 +199,7 @@ void KvCacheManager::Impl::FreeRequest(Request& r) {
       // known position, and the rolling one.
       const int64_t c = r.computed;
       if (gs.live != BlockPool::kNullBlock && c > 0 && c % align == 0 && c <= r.known() &&
-          !r.step_open) {
+          c <= r.publish_until && !r.step_open) {
         PublishBlock(gc.pool, gs.live, StateKey(r, g, c));
         live_position = c;
       }
@@ -228,6 +235,7 @@ void KvCacheManager::Impl::FreeRequest(Request& r) {
   r.divergence = 0;
   r.window_branch = 0;
   r.own_from = 0;
+  r.publish_until = Request::kNoLimit;
 }
 
 }  // namespace hkv

@@ -8,6 +8,7 @@ namespace {
 class Dense final : public KvPolicy {
  public:
   std::string_view name() const override { return "dense"; }
+  std::unique_ptr<KvPolicy> Clone() const override { return std::make_unique<Dense>(*this); }
   int32_t AttentionRows(const PolicyStep&) const override { return 0; }
   void Observe(std::span<const int64_t>, const PolicyStep&, const AttentionFeedback&) override {}
   void Select(std::span<const int64_t> positions, int64_t,

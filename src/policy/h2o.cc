@@ -12,6 +12,7 @@ class H2O final : public KvPolicy {
  public:
   H2O(int32_t recent, bool normalize) : recent_(recent), normalize_(normalize) {}
   std::string_view name() const override { return "h2o"; }
+  std::unique_ptr<KvPolicy> Clone() const override { return std::make_unique<H2O>(*this); }
   int32_t AttentionRows(const PolicyStep&) const override { return kAllRows; }
 
   void Observe(std::span<const int64_t> positions, const PolicyStep& step,
@@ -36,9 +37,10 @@ class H2O final : public KvPolicy {
       KeepAll(n, keep);
       return;
     }
-    std::vector<float> score;
+    thread_local std::vector<float> score;
+    thread_local std::vector<uint8_t> forced;
     Scores(positions, score);
-    std::vector<uint8_t> forced(n, 0);
+    forced.assign(n, 0);
     const auto recent = static_cast<size_t>(std::clamp<int64_t>(recent_, 0, budget));
     for (size_t i = n - recent; i < n; ++i)
       forced[i] = 1;

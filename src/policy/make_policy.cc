@@ -20,17 +20,19 @@ std::string_view PolicyKindName(PolicyKind kind) {
       return "tova";
     case PolicyKind::kSnapKv:
       return "snapkv";
+    case PolicyKind::kKnorm:
+      return "knorm";
   }
   return "dense";
 }
 
 Result<PolicyKind> ParsePolicyKind(std::string_view name) {
   for (PolicyKind k : {PolicyKind::kDense, PolicyKind::kStreamingLlm, PolicyKind::kH2O,
-                       PolicyKind::kTova, PolicyKind::kSnapKv}) {
+                       PolicyKind::kTova, PolicyKind::kSnapKv, PolicyKind::kKnorm}) {
     if (name == PolicyKindName(k)) return k;
   }
   return Status::InvalidArgument(
-      fmt::format("policy '{}': expected dense, streaming_llm, h2o, tova or snapkv", name));
+      fmt::format("policy '{}': expected dense, streaming_llm, h2o, tova, snapkv or knorm", name));
 }
 
 Result<std::unique_ptr<KvPolicy>> MakePolicy(const PolicyConfig& c) {
@@ -60,6 +62,11 @@ Result<std::unique_ptr<KvPolicy>> MakePolicy(const PolicyConfig& c) {
             fmt::format("snapkv: kernel = {}: expected an odd width >= 1", c.kernel));
       }
       return NewSnapKv(c.window, c.kernel, c.max_pool);
+    case PolicyKind::kKnorm:
+      if (c.recent < 0) {
+        return Status::InvalidArgument(fmt::format("knorm: recent = {}: expected >= 0", c.recent));
+      }
+      return NewKnorm(c.recent);
   }
   return Status::InvalidArgument("policy: unknown kind");
 }

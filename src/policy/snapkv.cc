@@ -14,6 +14,7 @@ class SnapKv final : public KvPolicy {
   SnapKv(int32_t window, int32_t kernel, bool max_pool)
       : window_(window), kernel_(kernel), max_pool_(max_pool) {}
   std::string_view name() const override { return "snapkv"; }
+  std::unique_ptr<KvPolicy> Clone() const override { return std::make_unique<SnapKv>(*this); }
   int32_t AttentionRows(const PolicyStep& step) const override {
     return step.ends_prompt ? window_ : 0;
   }

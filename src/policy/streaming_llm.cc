@@ -12,6 +12,7 @@ class StreamingLlm final : public KvPolicy {
  public:
   explicit StreamingLlm(int32_t sinks) : sinks_(sinks) {}
   std::string_view name() const override { return "streaming_llm"; }
+  std::unique_ptr<KvPolicy> Clone() const override { return std::make_unique<StreamingLlm>(*this); }
   int32_t AttentionRows(const PolicyStep&) const override { return 0; }
   void Observe(std::span<const int64_t>, const PolicyStep&, const AttentionFeedback&) override {}
   void Select(std::span<const int64_t> positions, int64_t budget,

@@ -28,17 +28,23 @@ void KeepAll(size_t n, std::vector<int32_t>& keep) {
 
 void KeepTop(std::span<const float> score, std::span<const int64_t> positions,
              std::span<const uint8_t> forced, int64_t budget, std::vector<int32_t>& keep) {
-  const size_t start = keep.size();
-  std::vector<int32_t> rest;
-  for (size_t i = 0; i < positions.size(); ++i) {
+  // Scratch kept per thread: Select runs every decode step on every layer, and is const.
+  thread_local std::vector<int32_t> rest;
+  thread_local std::vector<uint8_t> chosen;
+  const size_t n = positions.size();
+  rest.clear();
+  chosen.assign(n, 0);
+  size_t forced_count = 0;
+  for (size_t i = 0; i < n; ++i) {
     if (forced[i] != 0) {
-      keep.push_back(static_cast<int32_t>(i));
+      chosen[i] = 1;
+      ++forced_count;
     } else {
       rest.push_back(static_cast<int32_t>(i));
     }
   }
   const auto room =
-      static_cast<size_t>(std::max<int64_t>(0, budget - static_cast<int64_t>(keep.size() - start)));
+      static_cast<size_t>(std::max<int64_t>(0, budget - static_cast<int64_t>(forced_count)));
   if (room < rest.size()) {
     // NaN ranks lowest, so the order stays a strict weak ordering whatever the weights.
     const auto key = [&](int32_t i) {
@@ -54,8 +60,12 @@ void KeepTop(std::span<const float> score, std::span<const int64_t> positions,
                      better);
     rest.resize(room);
   }
-  keep.insert(keep.end(), rest.begin(), rest.end());
-  std::sort(keep.begin() + static_cast<std::ptrdiff_t>(start), keep.end());
+  for (int32_t i : rest)
+    chosen[static_cast<size_t>(i)] = 1;
+  // Ascending by a scan rather than a sort of the kept slots.
+  for (size_t i = 0; i < n; ++i) {
+    if (chosen[i] != 0) keep.push_back(static_cast<int32_t>(i));
+  }
 }
 
 }  // namespace hkv::policy_internal

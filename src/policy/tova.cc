@@ -8,6 +8,7 @@ namespace {
 class Tova final : public KvPolicy {
  public:
   std::string_view name() const override { return "tova"; }
+  std::unique_ptr<KvPolicy> Clone() const override { return std::make_unique<Tova>(*this); }
   int32_t AttentionRows(const PolicyStep&) const override { return 1; }
 
   void Observe(std::span<const int64_t> positions, const PolicyStep&,
@@ -17,9 +18,10 @@ class Tova final : public KvPolicy {
 
   void Select(std::span<const int64_t> positions, int64_t budget,
               std::vector<int32_t>& keep) const override {
-    std::vector<float> score;
+    thread_local std::vector<float> score;
+    thread_local std::vector<uint8_t> forced;
     Scores(positions, score);
-    const std::vector<uint8_t> forced(positions.size(), 0);
+    forced.assign(positions.size(), 0);
     KeepTop(score, positions, forced, budget, keep);
   }
 

@@ -163,10 +163,28 @@ TEST(Engine, RejectsBadRequestsWithoutQueueingThem) {
   po.max_model_len = 128;
   const Plan plan = MakePlan(spec, po).value();
   const ManagerConfig config = ManagerConfig::FromPlan(plan).value();
-  EXPECT_EQ(Engine::Create(spec, weights, plan, config, {.token_budget = 0}).status().code(),
-            StatusCode::kInvalidArgument);
-  EXPECT_EQ(Engine::Create(spec, weights, plan, config, {.lookahead = -1}).status().code(),
-            StatusCode::kInvalidArgument);
+  const auto refused = [&](EngineOptions o, const char* what) {
+    const Status st = Engine::Create(spec, weights, plan, config, o).status();
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+    EXPECT_NE(st.message().find(what), std::string::npos) << st.message();
+  };
+  EngineOptions o;
+  o.token_budget = 0;
+  refused(o, "token budget 0");
+  o = {};
+  o.lookahead = -1;
+  refused(o, "lookahead -1");
+  // Sparse KV: no speculative drafts (a request that evicted cannot roll back), and the
+  // policy's options are checked.
+  o = {};
+  o.draft_tokens = 2;
+  o.sparse = SparseKvOptions{};
+  refused(o, "2 draft tokens");
+  o = {};
+  o.sparse = SparseKvOptions{};
+  o.sparse->policy.kind = PolicyKind::kSnapKv;
+  o.sparse->policy.kernel = 4;
+  refused(o, "kernel");
   auto engine = Engine::Create(spec, weights, plan, config, {}).value();
   GenerationRequest bad;
   bad.id = 1;

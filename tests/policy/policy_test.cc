@@ -7,6 +7,7 @@
 #include <map>
 #include <random>
 #include <set>
+#include <span>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -95,6 +96,14 @@ void Drive(KvPolicy& policy, const Qk& qk, const std::vector<int32_t>& steps, in
     const PolicyStep step{pos, count, pos < prompt && pos + count >= prompt};
     for (int32_t i = 0; i < count; ++i)
       cached.push_back(pos + i);
+    if (policy.WantsKeys()) {  // the step's keys, as an engine writes them
+      std::vector<float> keys;
+      for (int64_t p = pos; p < pos + count; ++p)
+        for (const auto& head : qk.k[static_cast<size_t>(p)])
+          keys.insert(keys.end(), head.begin(), head.end());
+      const std::span<const int64_t> fresh = std::span<const int64_t>(cached).last(count);
+      policy.Written({fresh, kKvHeads, kKvHeads * kDim, 0, keys, {}});
+    }
     pos += count;
     const int32_t rows = std::min(policy.AttentionRows(step), count);
     std::vector<double> mean;
@@ -238,6 +247,38 @@ TEST(PolicyTest, TovaKeepsTheTopOfTheLastQuerysAttention) {
         });
 }
 
+TEST(PolicyTest, KnormKeepsTheRecentWindowAndTheSmallestKeyNorms) {
+  auto policy = Make({.kind = PolicyKind::kKnorm, .recent = 3});
+  EXPECT_TRUE(policy->WantsKeys());
+  const Qk qk(40, 13);
+  const auto norm = [&](int64_t p) {  // mean over KV heads of each head's key L2 norm
+    double total = 0;
+    for (const auto& head : qk.k[static_cast<size_t>(p)]) {
+      double ss = 0;
+      for (float x : head)
+        ss += double{x} * x;
+      total += std::sqrt(ss);
+    }
+    return total / kKvHeads;
+  };
+  int checks = 0;
+  Drive(*policy, qk, kSteps, 18, 9,
+        [&](const std::vector<int64_t>& cached, const PolicyStep&, int32_t rows,
+            const std::vector<double>&) {
+          EXPECT_EQ(rows, 0);  // no attention weights needed
+          if (cached.size() <= 9) return;
+          std::set<int64_t> want(cached.end() - 3, cached.end());
+          std::vector<double> score;
+          for (int64_t p : cached)
+            score.push_back(-norm(p));
+          for (int64_t p : Top(cached, score, 6, want))
+            want.insert(p);
+          EXPECT_EQ(KeptPositions(*policy, cached, 9), want);
+          ++checks;
+        });
+  EXPECT_EQ(checks, 16);
+}
+
 TEST(PolicyTest, SnapKvCutsThePromptOnceByPooledWindowAttention) {
   for (bool max_pool : {false, true}) {
     PolicyConfig c;
@@ -280,7 +321,7 @@ TEST(PolicyTest, SnapKvCutsThePromptOnceByPooledWindowAttention) {
 
 TEST(PolicyTest, EveryPolicyKeepsEverythingWithinItsBudget) {
   for (PolicyKind kind : {PolicyKind::kDense, PolicyKind::kStreamingLlm, PolicyKind::kH2O,
-                          PolicyKind::kTova, PolicyKind::kSnapKv}) {
+                          PolicyKind::kTova, PolicyKind::kSnapKv, PolicyKind::kKnorm}) {
     auto policy = Make({.kind = kind});
     const Qk qk(40, 5);
     Drive(*policy, qk, kSteps, 18, 40,
@@ -332,7 +373,7 @@ TEST(PolicyTest, BadOptionsAndBudgetsAreRefusedByName) {
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("'lru'"), std::string::npos);
   for (PolicyKind k : {PolicyKind::kDense, PolicyKind::kStreamingLlm, PolicyKind::kH2O,
-                       PolicyKind::kTova, PolicyKind::kSnapKv}) {
+                       PolicyKind::kTova, PolicyKind::kSnapKv, PolicyKind::kKnorm}) {
     EXPECT_EQ(ParsePolicyKind(PolicyKindName(k)).value(), k);
   }
   const auto refused = [](PolicyConfig c, const char* what) {
@@ -342,6 +383,7 @@ TEST(PolicyTest, BadOptionsAndBudgetsAreRefusedByName) {
   };
   refused({.kind = PolicyKind::kStreamingLlm, .sinks = -1}, "sinks = -1");
   refused({.kind = PolicyKind::kH2O, .recent = -2}, "recent = -2");
+  refused({.kind = PolicyKind::kKnorm, .recent = -3}, "knorm: recent = -3");
   refused({.kind = PolicyKind::kSnapKv, .window = 0}, "window = 0");
   refused({.kind = PolicyKind::kSnapKv, .kernel = 4}, "kernel = 4");
   EXPECT_FALSE(PolicyBudget::Tokens(0).ok());

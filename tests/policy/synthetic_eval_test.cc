@@ -246,6 +246,13 @@ class Probe final : public KvPolicy {
   explicit Probe(std::unique_ptr<KvPolicy> inner, int32_t* observed)
       : inner_(std::move(inner)), observed_(observed) {}
   std::string_view name() const override { return inner_->name(); }
+  std::unique_ptr<KvPolicy> Clone() const override {
+    auto copy = std::make_unique<Probe>(inner_->Clone(), observed_);
+    copy->next_ = next_;
+    copy->positions_ = positions_;
+    copy->kept_ = kept_;
+    return copy;
+  }
   int32_t AttentionRows(const PolicyStep& step) const override {
     return inner_->AttentionRows(step);
   }
@@ -333,6 +340,9 @@ class KeepAllButOne final : public KvPolicy {
  public:
   KeepAllButOne(int32_t rows, std::vector<std::vector<float>>* last) : rows_(rows), last_(last) {}
   std::string_view name() const override { return "keep_all_but_one"; }
+  std::unique_ptr<KvPolicy> Clone() const override {
+    return std::make_unique<KeepAllButOne>(*this);
+  }
   int32_t AttentionRows(const PolicyStep&) const override { return rows_; }
   void Observe(std::span<const int64_t> positions, const PolicyStep&,
                const AttentionFeedback& fb) override {
@@ -404,6 +414,9 @@ TEST(SyntheticEvalTest, ARowAttendsNoLaterToken) {
 class KeepsDescending final : public KvPolicy {
  public:
   std::string_view name() const override { return "keeps_descending"; }
+  std::unique_ptr<KvPolicy> Clone() const override {
+    return std::make_unique<KeepsDescending>(*this);
+  }
   int32_t AttentionRows(const PolicyStep&) const override { return 0; }
   void Observe(std::span<const int64_t>, const PolicyStep&, const AttentionFeedback&) override {}
   void Select(std::span<const int64_t> positions, int64_t,

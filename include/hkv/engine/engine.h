@@ -27,17 +27,39 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include <hkv/common/result.h>
 #include <hkv/common/splitmix64.h>
+#include <hkv/engine/masked_reference.h>
 #include <hkv/engine/paged_kv_cache.h>
 #include <hkv/engine/tiny_model.h>
 #include <hkv/engine/transformer.h>
 #include <hkv/manager/kv_cache_manager.h>
 #include <hkv/plan/plan.h>
+#include <hkv/policy/policies.h>
 
 namespace hkv {
+
+// Sparse KV: one policy per sequence and cache-owning layer of a full-attention group (full
+// attention and MLA; sliding windows, chunks and recurrent layers bound their memory already).
+// After every step the engine feeds each policy the attention weights it asked for (computed by
+// the same pass that produced the step's output), asks it which tokens to keep under the budget
+// (resolved against the sequence's computed length), and when a group's layers keep fewer slots
+// than they hold, calls KvCacheManager::Evict and moves the kept rows so whole blocks return to
+// the pool. Long prompts are processed in chunks of EngineOptions::chunk: the first fills the
+// cache, later ones evict by the policy. Every layer of a group keeps the same number of slots
+// (one table serves them), each its own tokens. A request that is preempted starts over with
+// fresh policies (what a prefix hit brings back is kept whole). An eviction that needs private
+// blocks the pools cannot supply is deferred to the next step (counted), never forced.
+struct SparseKvOptions {
+  PolicyConfig policy;
+  PolicyBudget budget;
+  // Keep what every sparse layer held before every step in Sequence::sparse_steps, so that
+  // MaskedLogits can replay the run (tests, verification).
+  bool record_steps = false;
+};
 
 struct EngineOptions {
   int64_t token_budget = 64;
@@ -51,6 +73,9 @@ struct EngineOptions {
   bool poison_free_blocks = false;
   // Two-level plans: compact stranded memory between steps (see the contract above).
   bool compact = false;
+  // Sparse-KV policies (above); none: every token is kept. Not with draft tokens (a request that
+  // evicted cannot be truncated).
+  std::optional<SparseKvOptions> sparse;
 };
 
 struct GenerationRequest {
@@ -73,6 +98,18 @@ struct Sequence {
   bool greedy = true;
   EncoderInput encoder;
   Retention retention = Retention::kNormal;
+  // With SparseKvOptions::record_steps, one run per time the request started (again, after a
+  // preemption): its steps from position 0 on, each with what the sparse layers held before it (a
+  // prefix hit appears as one dense step), the logits it computed, and how many tokens were known
+  // when it started (later tokens up to the next run's start were sampled from its logits). A
+  // recomputation evicts differently from the first computation, so each run is checked against
+  // its own masks.
+  struct SparseRun {
+    std::vector<SparseStepRecord> steps;
+    std::map<int64_t, std::vector<float>> logits;
+    int64_t tokens_before = 0;
+  };
+  std::vector<SparseRun> sparse_runs;
 };
 
 struct EngineCounters {
@@ -90,6 +127,12 @@ struct EngineCounters {
   int64_t compactions = 0;      // Compact calls that returned slabs to the shared memory
   int64_t pages_moved = 0;      // pages those compactions moved (and the engine copied)
   int64_t slabs_compacted = 0;  // slabs they returned
+  // Sparse KV: Evict calls, the slots they dropped (summed over groups), the blocks they
+  // returned to the pools, and evictions deferred for want of private blocks.
+  int64_t evictions = 0;
+  int64_t tokens_evicted = 0;
+  int64_t blocks_evicted = 0;
+  int64_t evictions_deferred = 0;
 };
 
 class Engine {
@@ -110,8 +153,27 @@ class Engine {
   const KvCacheManager& manager() const { return *manager_; }
 
  private:
+  // A sparse layer's policy and the positions the layer holds, ascending. Copies clone the
+  // policy: a forked sibling continues from its parent's decisions.
+  struct SparseLayerState {
+    std::unique_ptr<KvPolicy> policy;
+    std::vector<int64_t> kept;
+    int64_t shown = 0;  // leading slots whose rows the policy was given (WantsKeys)
+    SparseLayerState() = default;
+    SparseLayerState(const SparseLayerState& o)
+        : policy(o.policy ? o.policy->Clone() : nullptr), kept(o.kept), shown(o.shown) {}
+    SparseLayerState& operator=(const SparseLayerState& o) {
+      policy = o.policy ? o.policy->Clone() : nullptr;
+      kept = o.kept;
+      shown = o.shown;
+      return *this;
+    }
+    SparseLayerState(SparseLayerState&&) = default;
+    SparseLayerState& operator=(SparseLayerState&&) = default;
+  };
   struct Live {
     Sequence seq;
+    std::vector<SparseLayerState> sparse;  // per Engine::sparse_layers_
     int32_t max_new_tokens = 0;
     int32_t num_samples = 1;
     SplitMix64 rng{0};
@@ -136,6 +198,14 @@ class Engine {
   Status AfterManagerCall();
   // The compaction policy, at the start of a step.
   Status MaybeCompact();
+  // Sparse KV (sparse_kv.cc). StartSparse: fresh policies for a request starting over at `hit`.
+  // PrepareSparse: the slots each sparse layer reads in the step [begin, end). FinishSparse: after
+  // the step's Commit, feeds the policies and evicts what they drop.
+  Status StartSparse(Live& r, int64_t hit);
+  void PrepareSparse(Live& r, int64_t begin, int64_t end, PagedKvCache::StepView& view);
+  // After the pass: the rows not yet shown to policies that rank by keys (WantsKeys).
+  void ShowWritten(Live& r, PagedKvCache::StepView& view);
+  Status FinishSparse(Live& r, int64_t begin, int64_t end);
 
   const ModelSpec& spec_;
   const ModelWeights& weights_;
@@ -151,6 +221,20 @@ class Engine {
   bool preempted_this_step_ = false;
   bool refused_since_compaction_ = false;  // an Allocate ran out of memory since the last step
   std::vector<int64_t> compact_limits_;    // MaybeCompact: slabs per class (0: not due)
+  // Sparse KV: the layers policies run on (ModelSpec::layers index, manager group, KV heads of
+  // the feedback), and per-step scratch, one entry per such layer.
+  struct SparseLayer {
+    int32_t layer = 0, group = 0, kv_heads = 0;
+    int32_t key_width = 0, value_width = 0;  // floats per cached row (value 0: MLA)
+  };
+  std::vector<SparseLayer> sparse_layers_;
+  std::vector<int32_t> sparse_groups_;
+  std::vector<std::vector<int64_t>> step_positions_;
+  std::vector<std::vector<float>> step_feedback_;
+  std::vector<SlotView> step_views_;
+  std::vector<std::vector<int32_t>> step_keep_;
+  std::vector<int32_t> old_table_;
+  std::vector<float> shown_keys_, shown_values_;
 };
 
 // Compares a finished sequence with the dense reference: logits of every computed position
@@ -162,5 +246,9 @@ struct DenseCheck {
 };
 DenseCheck CheckAgainstDense(const ModelSpec& spec, const ModelWeights& weights,
                              const Sequence& seq, float tolerance = 1e-4f);
+// The same against MaskedLogits over the sequence's recorded sparse steps (a run with
+// SparseKvOptions::record_steps).
+DenseCheck CheckAgainstMasked(const ModelSpec& spec, const ModelWeights& weights,
+                              const Sequence& seq, float tolerance = 1e-4f);
 
 }  // namespace hkv

@@ -35,6 +35,13 @@ class PagedKvCache {
   // Copies each moved page, all of its class's tensors, from src to dst (pool = page class).
   void ApplyMoves(std::span<const PageMove> moves);
 
+  // Sparse KV, after KvCacheManager::Evict: for each slot s in [from, keep.size()), copies layer
+  // `layer`'s K/V row of old slot keep[s] (addressed through `old_table`, the group's table before
+  // the call) to slot s (through `new_table`). keep ascends and keep[s] >= s, so going up in slot
+  // order never overwrites a row still to be read.
+  void MoveSlots(int32_t layer, std::span<const int32_t> old_table,
+                 std::span<const int32_t> new_table, std::span<const int32_t> keep, int64_t from);
+
   // Debugging aid: fills with NaN every block that became free without a prefix identity since
   // the last call (call it after every manager call that allocates or frees). No request may read
   // such a block again, so an engine that reads one anyway - a stale table, a step it was not
@@ -47,6 +54,10 @@ class PagedKvCache {
     // Rows of one block at most (and of one side of the step's begin and end).
     KvRows Rows(int32_t layer, int64_t pos) override;
     bool EncoderPending() const override { return run_encoder_; }
+    // Sparse layers: the engine says which slots a layer holds for this step; the view must
+    // outlive the pass. Rows(layer, i) then reads slot i through the group's table.
+    void SetSlots(int32_t layer, const SlotView* view);
+    const SlotView* Slots(int32_t layer) override;
     // The state lives in the step's write slot (initialised from the read slot, or zero).
     float* State(int32_t layer, int which) override;
     // Copies the layer's state into the slot the manager asked for at `position`, if any.
@@ -64,6 +75,7 @@ class PagedKvCache {
     std::vector<std::span<const int32_t>> tables_;  // per group
     std::vector<std::vector<int64_t>> slots_;       // per group, positions [begin, end)
     std::vector<StateStep> states_;                 // per group (state groups only)
+    std::vector<const SlotView*> sparse_;           // per LayerSpec; null: by position
     Status status_;
     std::vector<float> scratch_;  // returned after a failure so the forward pass can finish
   };

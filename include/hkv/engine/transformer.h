@@ -41,9 +41,28 @@ struct KvRows {
   int64_t n = 0;
 };
 
+// A sparse layer's cache (a policy evicts its tokens, hkv/policy): the layer holds slots, not
+// positions. Slot i holds the token at positions[i]; the kept tokens come first, then the step's
+// own positions from slot first_new on (positions ascend). A query attends every slot up to its
+// own. When feedback_rows > 0 the pass adds, for the step's last feedback_rows query rows, each
+// softmax weight divided by the query heads sharing the KV head to feedback[kv head][slot]
+// (which must hold num_kv_heads * positions.size() floats): weights summed over those rows and
+// averaged over the query heads of each KV head, from the very computation that produces the
+// layer's output.
+struct SlotView {
+  std::span<const int64_t> positions;
+  int64_t first_new = 0;
+  int32_t feedback_rows = 0;
+  std::span<float> feedback;
+};
+
 class KvStore {
  public:
   virtual ~KvStore() = default;
+  // Sparse layers: Rows(layer, i) then addresses slot i (the step's position p is slot
+  // first_new + p - begin). Null for a layer addressed by position, which every layer but a
+  // full-attention or MLA one is.
+  virtual const SlotView* Slots(int32_t /*layer*/) { return nullptr; }
   // Layer `layer` (an index into ModelSpec::layers of a cache-owning layer) from decoder
   // position `pos` on, or from encoder token `pos` on for a cross-attention layer. A row is
   // num_kv_heads * head_dim floats.

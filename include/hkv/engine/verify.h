@@ -11,10 +11,12 @@
 // `compact` is off: moved pages are copied and their old places poisoned), and the manager's
 // invariants are checked after every step. It runs at most `max_steps` scheduler steps and reports
 // what happened; a mismatch is any logit beyond 1e-4 or any token the dense model would not have
-// chosen.
+// chosen. With sparse-KV policies the reference is the dense model masked to what each layer kept
+// (MaskedLogits).
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include <hkv/common/result.h>
@@ -30,6 +32,10 @@ struct VerifyOptions {
   int64_t memory_bytes = 0;  // 0: about three of the workload's longest sequences
   int32_t block_tokens = 4;
   bool compact = true;  // the engine compacts stranded two-level memory (EngineOptions::compact)
+  // Sparse-KV policies on every full-attention layer (no speculative drafts then). Every
+  // sequence is checked against the masked reference (MaskedLogits over what its layers kept);
+  // dense_mismatches counts differences from the dense one, zero when the budget kept all.
+  std::optional<SparseKvOptions> sparse;
 };
 
 struct VerifyReport {
@@ -38,6 +44,7 @@ struct VerifyReport {
   int64_t steps = 0;
   int64_t mismatches = 0;
   float max_logit_diff = 0.0f;
+  int64_t dense_mismatches = 0;  // against the dense reference (== mismatches without policies)
   EngineCounters features;
   int64_t slabs_reclaimed = 0;  // two-level plans: slabs that moved from one class to another
   // Recurrent models: the attention block vLLM's one-page-size (padded) allocator would need for

@@ -116,6 +116,20 @@ class KvCacheManager {
   // cache) or roll back too; the result says how many tokens must be computed again. Refused
   // while a step is open and for n beyond max(known tokens, computed positions).
   Result<TruncateResult> Truncate(RequestId id, int64_t n);
+  // Sparse KV: a policy keeps `keep` of the `n` slots that full-attention group `group` holds
+  // for the request's computed positions (n = computed minus tokens evicted before), and the
+  // first `unchanged` of them are the current first slots, in place. Afterwards the group's
+  // table indexes slots: the kept tokens are slots [0, keep), the request's next positions
+  // follow from slot keep on, and whole blocks past them return to the pool. Blocks holding
+  // only unchanged slots stay; a block the engine must write that is shared or published is
+  // replaced by a private one (the others keep being shared, and cached blocks stay hittable).
+  // The engine copies each kept token from its old place to its slot, in slot order, for every
+  // layer of the group, before its next call that allocates: blocks released here keep their
+  // bytes until then. From the request's computed position on nothing it computes is published
+  // in any group (its KV now depends on what was evicted), and Truncate is refused. Errors
+  // (nothing changed): unknown request, open step, a group that is not full attention,
+  // keep > n or unchanged > keep, or a pool out of blocks for the replacements.
+  Result<EvictResult> Evict(RequestId id, int32_t group, int64_t keep, int64_t unchanged);
   // Ends a request and releases everything it holds (an open step is abandoned).
   Status Free(RequestId id);
   // Drops every prefix identity. Only when no request holds blocks (kFailedPrecondition else).

@@ -82,4 +82,14 @@ struct TruncateResult {
                           // and must be computed again (dropped drafts are not counted)
 };
 
+// What Evict did to a full-attention group's table (see KvCacheManager::Evict). The engine must
+// write every slot in [write_from, keep) - the token it keeps there, read from where it was before
+// the call - and may leave slots [0, write_from) alone: their blocks are unchanged.
+struct EvictResult {
+  int64_t write_from = 0;
+  int64_t keep = 0;
+  int32_t blocks_released = 0;  // blocks the group's table no longer holds
+  int32_t blocks_replaced = 0;  // shared or published blocks replaced by private ones
+};
+
 }  // namespace hkv

@@ -38,6 +38,18 @@ struct PolicyStep {
   bool ends_prompt = false;
 };
 
+// Keys and values as the engine wrote them (keys after RoPE), for policies that rank by them:
+// row i of `keys` (key_width floats, num_kv_heads heads) and of `values` (value_width floats)
+// belongs to positions[i], in slot order. `values` is empty where the layer caches one latent
+// (MLA: one "head", the latent and its RoPE key).
+struct WrittenKv {
+  std::span<const int64_t> positions;
+  int32_t num_kv_heads = 0;
+  int32_t key_width = 0, value_width = 0;
+  std::span<const float> keys;
+  std::span<const float> values;
+};
+
 struct AttentionFeedback {
   int32_t num_kv_heads = 0;
   int32_t rows = 0;                // query rows summed: the step's last `rows` (fewer if shorter)
@@ -50,6 +62,15 @@ class KvPolicy {
 
   virtual ~KvPolicy() = default;
   virtual std::string_view name() const = 0;
+  // An independent copy with the same state: a forked sequence (parallel sampling) continues
+  // from its parent's decisions.
+  virtual std::unique_ptr<KvPolicy> Clone() const = 0;
+  // Policies that rank by the cached keys or values say so; the engine then calls Written after
+  // each step's pass, before Observe, with the rows of every slot the policy has not been shown
+  // yet (the step's new tokens, and at a request's first step what its prefix hit brought),
+  // appended after the slots it has seen.
+  virtual bool WantsKeys() const { return false; }
+  virtual void Written(const WrittenKv& /*kv*/) {}
   virtual int32_t AttentionRows(const PolicyStep& step) const = 0;
   virtual void Observe(std::span<const int64_t> positions, const PolicyStep& step,
                        const AttentionFeedback& feedback) = 0;

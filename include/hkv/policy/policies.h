@@ -15,9 +15,13 @@
 //   The window is kept even when it exceeds the budget; its queries are those of the step that
 //   ends the prompt (fewer than `window` when that step is shorter). Before the prompt ends it has
 //   no signal and keeps all.
-// A budget is a token count or a fraction of the sequence's length (rounded up, at least 1);
-// ParsePolicyBudget reads one from text: an integer is a token count ("64"), a number with a
-// decimal point or exponent a fraction ("0.25"), a number with '%' a percentage ("25%").
+// - knorm: the `recent` most recent tokens plus the rest of the budget by the smallest key norm
+//   (L2 norm of each KV head's key, averaged over the heads; low-norm keys draw high attention).
+//   It needs no attention weights, only the keys as written (KvPolicy::Written).
+// A budget is a token count or a fraction of the sequence's length (rounded up, at least 1); a
+// default-constructed one is the whole sequence. ParsePolicyBudget reads one from text: an
+// integer is a token count ("64"), a number with a decimal point or exponent a fraction ("0.25"),
+// a number with '%' a percentage ("25%").
 #pragma once
 
 #include <cstdint>
@@ -29,7 +33,7 @@
 
 namespace hkv {
 
-enum class PolicyKind : unsigned char { kDense, kStreamingLlm, kH2O, kTova, kSnapKv };
+enum class PolicyKind : unsigned char { kDense, kStreamingLlm, kH2O, kTova, kSnapKv, kKnorm };
 
 std::string_view PolicyKindName(PolicyKind kind);  // "dense", "streaming_llm", "h2o", ...
 Result<PolicyKind> ParsePolicyKind(std::string_view name);
@@ -37,7 +41,7 @@ Result<PolicyKind> ParsePolicyKind(std::string_view name);
 struct PolicyConfig {
   PolicyKind kind = PolicyKind::kDense;
   int32_t sinks = 4;              // streaming_llm
-  int32_t recent = 0;             // h2o: most recent tokens always kept
+  int32_t recent = 0;             // h2o, knorm: most recent tokens always kept
   bool normalize_by_age = false;  // h2o
   int32_t window = 32;            // snapkv: observation window (queries and kept tokens)
   int32_t kernel = 5;             // snapkv: pooling width (odd)
@@ -52,13 +56,14 @@ class PolicyBudget {
   static Result<PolicyBudget> Fraction(double share);  // in (0, 1]
   // Tokens to keep for a sequence of `length` tokens.
   int64_t Resolve(int64_t length) const;
-  bool is_fraction() const { return share_ > 0; }
-  int64_t tokens() const { return tokens_; }  // 0 for a fraction
-  double share() const { return share_; }     // 0 for a token count
+  bool is_fraction() const { return tokens_ == 0; }
+  int64_t tokens() const { return tokens_; }                 // 0 for a fraction
+  double share() const { return tokens_ > 0 ? 0 : share_; }  // 0 for a token count
 
  private:
+  // Default-constructed: the whole sequence (a fraction of 1).
   int64_t tokens_ = 0;
-  double share_ = 0;
+  double share_ = 1.0;
 };
 
 Result<PolicyBudget> ParsePolicyBudget(std::string_view text);
