@@ -27,8 +27,7 @@ std::string_view PolicyKindName(PolicyKind kind) {
 }
 
 Result<PolicyKind> ParsePolicyKind(std::string_view name) {
-  for (PolicyKind k : {PolicyKind::kDense, PolicyKind::kStreamingLlm, PolicyKind::kH2O,
-                       PolicyKind::kTova, PolicyKind::kSnapKv, PolicyKind::kKnorm}) {
+  for (PolicyKind k : kAllPolicyKinds) {
     if (name == PolicyKindName(k)) return k;
   }
   return Status::InvalidArgument(

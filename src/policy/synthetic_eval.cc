@@ -186,7 +186,7 @@ Status CheckKeep(const KvPolicy& policy, const std::vector<int32_t>& keep, size_
 Status RunTrial(const SyntheticEvalOptions& o, const SyntheticSequence& seq, int32_t trial,
                 std::vector<Run>& runs, SyntheticEvalReport& report) {
   const int64_t n = seq.length();
-  std::vector<float> logits, weights;
+  std::vector<float> logits, weights, keys, values;
   std::vector<double> dense, best, acc, row;
   std::vector<int32_t> keep;
   std::vector<int64_t> kept;
@@ -201,6 +201,9 @@ Status RunTrial(const SyntheticEvalOptions& o, const SyntheticSequence& seq, int
       rows_needed = std::max(rows_needed, RowsAsked(*run.policy, step));
     const int64_t first_row = end - rows_needed;
     if (rows_needed > 0) seq.Logits(first_row, end, logits);
+    const bool any_wants_keys =
+        std::any_of(runs.begin(), runs.end(), [](const Run& r) { return r.policy->WantsKeys(); });
+    if (any_wants_keys) seq.Rows(first, end, keys, values);
     double total = 0;
     if (decode) {
       DenseRow(logits, end - 1, seq.query_heads(), dense);
@@ -215,6 +218,17 @@ Status RunTrial(const SyntheticEvalOptions& o, const SyntheticSequence& seq, int
     for (Run& run : runs) {
       for (int64_t p = first; p < end; ++p)
         run.positions.push_back(p);
+      if (run.policy->WantsKeys()) {
+        // Only the step's tokens are new to it: every earlier slot was shown when it was written.
+        const int32_t width = seq.kv_heads() * seq.head_dim();
+        const WrittenKv kv{std::span<const int64_t>(run.positions).last(static_cast<size_t>(count)),
+                           seq.kv_heads(),
+                           width,
+                           width,
+                           keys,
+                           values};
+        run.policy->Written(kv);
+      }
       const auto rows = static_cast<int32_t>(RowsAsked(*run.policy, step));
       AttentionFeedback fb;
       if (rows > 0) {

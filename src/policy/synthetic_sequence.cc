@@ -1,5 +1,6 @@
 #include "synthetic_sequence.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 
@@ -94,18 +95,25 @@ SyntheticSequence::SyntheticSequence(const SyntheticEvalOptions& o, uint64_t tri
   const auto amplitude = [&](double logit) { return std::sqrt(logit * root_d); };
   const double a_sink = amplitude(s.sink_logit), a_local = amplitude(s.local_logit);
   const double a_needle = amplitude(s.needle_logit);
-  // The heavy hitters' part of the sink direction: against a query's a_sink it adds heavy_logit.
-  const double a_heavy = a_sink > 0 ? s.heavy_logit * root_d / a_sink : 0;
+  // The sink's lead is made by taking from the others: every other key carries -a_sink of the
+  // sink direction (costing it sink_logit against every query), the sink none, a heavy hitter
+  // heavy_logit's worth less. Relative logits are as if the sink and heavy hitters carried the
+  // direction instead, but the attended keys are the ones with the smaller norm, as Devoto et al.
+  // (2024) observe in trained models, rather than the larger, which would invert knorm's signal.
+  const double ordinary = -a_sink;
+  const double heavy_part = a_sink > 0 ? ordinary + s.heavy_logit * root_d / a_sink : 0;
   const double rho = std::exp(-1.0 / s.local_tokens);
   const double fresh = std::sqrt(1.0 - rho * rho);
   const double step_sd = 1.0 / root_d;  // a topic draw has unit expected norm
 
   const auto n = static_cast<size_t>(length_);
   const auto d = static_cast<size_t>(dim_);
+  const auto kv = static_cast<size_t>(kv_heads_);
   const auto qh = static_cast<size_t>(query_heads());
   q_.assign(n * qh * d, 0.0f);
-  k_.assign(static_cast<size_t>(kv_heads_) * n * d, 0.0f);
-  for (int32_t h = 0; h < kv_heads_; ++h) {
+  k_.assign(kv * n * d, 0.0f);
+  v_.assign(n * kv * d, 0.0f);
+  for (size_t h = 0; h < kv; ++h) {
     const std::vector<double> sink = UnitDirection(noise, dim_, {});
     const std::vector<double> needle = UnitDirection(noise, dim_, sink);
     std::vector<double> topic(d);
@@ -116,16 +124,21 @@ SyntheticSequence::SyntheticSequence(const SyntheticEvalOptions& o, uint64_t tri
         for (double& x : topic)
           x = rho * x + fresh * step_sd * noise.Next();
       }
-      float* key = &k_[(static_cast<size_t>(h) * n + t) * d];
-      const double key_sink = t == 0 ? a_sink : heavy[t] != 0 ? a_heavy : 0.0;
+      float* key = &k_[(h * n + t) * d];
+      const double key_sink = t == 0 ? 0.0 : heavy[t] != 0 ? heavy_part : ordinary;
       const double key_needle = static_cast<int64_t>(t) == needle_ ? a_needle : 0.0;
       for (size_t i = 0; i < d; ++i) {
         key[i] = static_cast<float>(noise.Next() + key_sink * sink[i] + a_local * topic[i] +
                                     key_needle * needle[i]);
       }
+      // Values carry no structure: no metric reads them; they are there for policies that rank
+      // by the cache as written.
+      float* value = &v_[(t * kv + h) * d];
+      for (size_t i = 0; i < d; ++i)
+        value[i] = noise.Next();
       const double query_needle = asks(static_cast<int64_t>(t)) ? a_needle : 0.0;
-      for (int32_t g = 0; g < group_; ++g) {
-        float* query = &q_[(t * qh + static_cast<size_t>(h * group_ + g)) * d];
+      for (size_t g = 0; g < static_cast<size_t>(group_); ++g) {
+        float* query = &q_[(t * qh + h * static_cast<size_t>(group_) + g) * d];
         for (size_t i = 0; i < d; ++i) {
           query[i] = static_cast<float>(noise.Next() + a_sink * sink[i] + a_local * topic[i] +
                                         query_needle * needle[i]);
@@ -133,6 +146,21 @@ SyntheticSequence::SyntheticSequence(const SyntheticEvalOptions& o, uint64_t tri
       }
     }
   }
+}
+
+void SyntheticSequence::Rows(int64_t begin, int64_t end, std::vector<float>& keys,
+                             std::vector<float>& values) const {
+  const auto n = static_cast<size_t>(length_);
+  const auto d = static_cast<size_t>(dim_);
+  const auto kv = static_cast<size_t>(kv_heads_);
+  const auto first = static_cast<size_t>(begin), last = static_cast<size_t>(end);
+  keys.resize((last - first) * kv * d);
+  for (size_t t = first; t < last; ++t) {
+    for (size_t h = 0; h < kv; ++h)
+      std::copy_n(&k_[(h * n + t) * d], d, &keys[((t - first) * kv + h) * d]);
+  }
+  values.assign(v_.begin() + static_cast<std::ptrdiff_t>(first * kv * d),
+                v_.begin() + static_cast<std::ptrdiff_t>(last * kv * d));
 }
 
 void SyntheticSequence::Logits(int64_t begin, int64_t end, std::vector<float>& out) const {

@@ -17,9 +17,6 @@
 namespace hkv {
 namespace {
 
-constexpr PolicyKind kAllKinds[] = {PolicyKind::kDense, PolicyKind::kStreamingLlm, PolicyKind::kH2O,
-                                    PolicyKind::kTova, PolicyKind::kSnapKv};
-
 // A small GQA geometry, so each run takes milliseconds. Four KV heads: with fewer, the head
 // mean is noisy enough that the asked needle is sometimes not dense attention's top token.
 SyntheticEvalOptions Small() {
@@ -38,7 +35,7 @@ SyntheticEvalOptions Small() {
 // Every policy with options that fit the small sequence (SnapKV's window below every budget).
 std::vector<PolicyConfig> AllPolicies() {
   std::vector<PolicyConfig> out;
-  for (PolicyKind k : kAllKinds) {
+  for (PolicyKind k : kAllPolicyKinds) {
     PolicyConfig c{.kind = k};
     c.window = 8;
     out.push_back(c);
@@ -74,7 +71,7 @@ TEST(SyntheticEvalTest, EverythingCachedScoresExactlyTheOracleAndRetrievesEveryN
   const int64_t length = o.prompt_len + o.decode_steps;
   o.budgets = {Share(1.0), Tokens(length)};
   const SyntheticEvalReport r = Evaluate(o);
-  ASSERT_EQ(r.results.size(), 10u);
+  ASSERT_EQ(r.results.size(), 12u);
   // Dense keeps everything at any budget too.
   o.policies = {{.kind = PolicyKind::kDense}};
   o.budgets = {Share(0.1), Tokens(3)};
@@ -101,7 +98,7 @@ TEST(SyntheticEvalTest, NoPolicyHoldsMoreThanTheOracleAtAnyStep) {
   o.policies = AllPolicies();
   o.budgets = {Share(0.1), Share(0.25), Share(0.5), Tokens(20)};
   const SyntheticEvalReport r = Evaluate(o);
-  ASSERT_EQ(r.results.size(), 20u);
+  ASSERT_EQ(r.results.size(), 24u);
   const size_t samples = static_cast<size_t>(o.trials * o.decode_steps);
   for (const SyntheticEvalResult& x : r.results) {
     SCOPED_TRACE(std::string(PolicyKindName(x.policy.kind)) + " at " +
@@ -197,7 +194,7 @@ TEST(SyntheticEvalTest, ANeedleWithoutItsDirectionIsNotDenseAttentionsTop) {
   EXPECT_LE(Evaluate(o).needle_dense_top, 1);
 }
 
-TEST(SyntheticEvalTest, AttentionBasedPoliciesBeatStreamingLlmAtTenPercent) {
+TEST(SyntheticEvalTest, ScoringPoliciesBeatStreamingLlmAtTenPercent) {
   SyntheticEvalOptions o = Small();
   o.prompt_len = 256;
   o.chunk = 64;
@@ -205,7 +202,9 @@ TEST(SyntheticEvalTest, AttentionBasedPoliciesBeatStreamingLlmAtTenPercent) {
   o.budgets = {Share(0.1)};
   const SyntheticEvalReport r = Evaluate(o);
   const double streaming = Find(r, PolicyKind::kStreamingLlm, 0).mean_ratio;
-  for (PolicyKind k : {PolicyKind::kH2O, PolicyKind::kTova, PolicyKind::kSnapKv}) {
+  // knorm too, from the keys it is shown alone: the attended keys are the short ones here.
+  for (PolicyKind k :
+       {PolicyKind::kH2O, PolicyKind::kTova, PolicyKind::kSnapKv, PolicyKind::kKnorm}) {
     EXPECT_GT(Find(r, k, 0).mean_ratio, streaming + 0.02) << PolicyKindName(k);
     EXPECT_LT(Find(r, k, 0).mean_ratio, 1.0) << PolicyKindName(k);  // none is the oracle
   }
@@ -249,9 +248,26 @@ class Probe final : public KvPolicy {
   std::unique_ptr<KvPolicy> Clone() const override {
     auto copy = std::make_unique<Probe>(inner_->Clone(), observed_);
     copy->next_ = next_;
+    copy->shown_ = shown_;
     copy->positions_ = positions_;
     copy->kept_ = kept_;
     return copy;
+  }
+  bool WantsKeys() const override { return inner_->WantsKeys(); }
+  // Shown once per step, before Observe: exactly the step's tokens, each KV head's key and value.
+  void Written(const WrittenKv& kv) override {
+    EXPECT_TRUE(inner_->WantsKeys());
+    ASSERT_FALSE(kv.positions.empty());
+    EXPECT_EQ(kv.positions.front(), next_);  // the step about to be observed
+    for (size_t i = 1; i < kv.positions.size(); ++i)
+      EXPECT_EQ(kv.positions[i], kv.positions[i - 1] + 1);
+    EXPECT_EQ(kv.num_kv_heads, 4);
+    EXPECT_EQ(kv.key_width, 4 * 32);
+    EXPECT_EQ(kv.value_width, 4 * 32);
+    EXPECT_EQ(kv.keys.size(), kv.positions.size() * 4 * 32);
+    EXPECT_EQ(kv.values.size(), kv.positions.size() * 4 * 32);
+    shown_ = kv.positions.back() + 1;
+    inner_->Written(kv);
   }
   int32_t AttentionRows(const PolicyStep& step) const override {
     return inner_->AttentionRows(step);
@@ -261,6 +277,9 @@ class Probe final : public KvPolicy {
     ++*observed_;
     EXPECT_EQ(step.first, next_);
     next_ = step.first + step.count;
+    if (inner_->WantsKeys()) {
+      EXPECT_EQ(shown_, next_) << "the step's keys were not shown";
+    }
     ASSERT_GE(positions.size(), static_cast<size_t>(step.count));
     const size_t n = positions.size(), fresh = n - static_cast<size_t>(step.count);
     for (size_t i = 0; i < fresh; ++i)
@@ -309,7 +328,7 @@ class Probe final : public KvPolicy {
  private:
   std::unique_ptr<KvPolicy> inner_;
   int32_t* observed_;
-  int64_t next_ = 0;
+  int64_t next_ = 0, shown_ = 0;
   std::vector<int64_t> positions_, kept_;
 };
 
@@ -322,7 +341,8 @@ TEST(SyntheticEvalTest, PoliciesAreFedAsTheContractSays) {
   o.policies = {{.kind = PolicyKind::kH2O},
                 {.kind = PolicyKind::kTova},
                 snap,
-                {.kind = PolicyKind::kStreamingLlm}};
+                {.kind = PolicyKind::kStreamingLlm},
+                {.kind = PolicyKind::kKnorm}};
   o.budgets = {Share(0.25), Tokens(30)};
   int32_t observed = 0;
   o.make_policy = [&observed](const PolicyConfig& c) -> Result<std::unique_ptr<KvPolicy>> {
@@ -331,7 +351,7 @@ TEST(SyntheticEvalTest, PoliciesAreFedAsTheContractSays) {
   };
   Evaluate(o);
   // 4 prompt chunks + 16 decode steps, per policy, budget and trial.
-  EXPECT_EQ(observed, (4 + 16) * 4 * 2 * 2);
+  EXPECT_EQ(observed, (4 + 16) * 5 * 2 * 2);
 }
 
 // Keeps every token but the one at position 1, whatever the budget, asking for `rows` rows and

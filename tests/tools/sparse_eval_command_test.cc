@@ -61,10 +61,11 @@ TEST(SparseEvalCommandTest, JsonReportsEveryPolicyAndBudgetWithTheModelsGeometry
   EXPECT_EQ(j["options"]["prompt_len"], 128);
   EXPECT_EQ(j["options"]["trials"], 2);
   EXPECT_EQ(j["needle_dense_top"], 2);
-  ASSERT_EQ(j["results"].size(), 15u);  // five policies x the default 10%, 25%, 50%
-  const std::vector<std::string> order = {"dense", "streaming_llm", "h2o", "tova", "snapkv"};
+  ASSERT_EQ(j["results"].size(), 18u);  // six policies x the default 10%, 25%, 50%
+  const std::vector<std::string> order = {"dense", "streaming_llm", "h2o",
+                                          "tova",  "snapkv",        "knorm"};
   const std::vector<double> shares = {0.1, 0.25, 0.5};
-  for (size_t i = 0; i < 15; ++i) {
+  for (size_t i = 0; i < 18; ++i) {
     const nlohmann::json& e = j["results"][i];
     EXPECT_EQ(e["policy"], order[i / 3]);
     EXPECT_EQ(e["budget_kind"], "fraction");

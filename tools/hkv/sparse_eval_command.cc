@@ -13,9 +13,6 @@
 namespace hkv::cli {
 namespace {
 
-constexpr PolicyKind kAllKinds[] = {PolicyKind::kDense, PolicyKind::kStreamingLlm, PolicyKind::kH2O,
-                                    PolicyKind::kTova, PolicyKind::kSnapKv};
-
 // The layer whose geometry the evaluation borrows: the first that keeps every token, which is
 // where a sparse-KV policy would run (windowed layers already bound their cache).
 struct Geometry {
@@ -57,18 +54,21 @@ Result<std::vector<PolicyConfig>> ParsePolicies(const SparseEvalArgs& args) {
   };
   for (const std::string& name : args.policies) {
     if (name == "all") {
-      for (PolicyKind k : kAllKinds)
+      for (PolicyKind k : kAllPolicyKinds)
         add(k);
       continue;
     }
     Result<PolicyKind> k = ParsePolicyKind(name);
     if (!k.ok()) {
-      return Status::InvalidArgument(fmt::format(
-          "--policy '{}': expected dense, streaming_llm, h2o, tova, snapkv or all", name));
+      std::string names;
+      for (PolicyKind known : kAllPolicyKinds)
+        names += fmt::format("{}, ", PolicyKindName(known));
+      return Status::InvalidArgument(
+          fmt::format("--policy '{}': expected one of {}or all", name, names));
     }
     add(*k);
   }
-  if (kinds.empty()) kinds.assign(std::begin(kAllKinds), std::end(kAllKinds));
+  if (kinds.empty()) kinds.assign(std::begin(kAllPolicyKinds), std::end(kAllPolicyKinds));
   std::vector<PolicyConfig> out;
   for (PolicyKind k : kinds) {
     PolicyConfig c = args.policy;
@@ -212,8 +212,8 @@ CLI::App* AddSparseEvalCommand(CLI::App& app, SparseEvalArgs& args) {
   cmd->add_option("config", args.config, "config.json of the model, or the folder holding it")
       ->required();
   cmd->add_option("--policy", args.policies,
-                  "dense, streaming_llm, h2o, tova, snapkv or all (default); repeat or separate "
-                  "with commas")
+                  "dense, streaming_llm, h2o, tova, snapkv, knorm or all (default); repeat or "
+                  "separate with commas")
       ->delimiter(',');
   cmd->add_option("--budget", args.budgets,
                   "tokens to keep: a count (64), a fraction of the tokens so far (0.25) or a "
@@ -237,7 +237,7 @@ CLI::App* AddSparseEvalCommand(CLI::App& app, SparseEvalArgs& args) {
       ->capture_default_str();
   cmd->add_option("--sinks", args.policy.sinks, "streaming_llm: first tokens always kept")
       ->capture_default_str();
-  cmd->add_option("--recent", args.policy.recent, "h2o: most recent tokens always kept")
+  cmd->add_option("--recent", args.policy.recent, "h2o, knorm: most recent tokens always kept")
       ->capture_default_str();
   cmd->add_option("--window", args.policy.window, "snapkv: observation window")
       ->capture_default_str();

@@ -34,6 +34,9 @@
 namespace hkv {
 
 enum class PolicyKind : unsigned char { kDense, kStreamingLlm, kH2O, kTova, kSnapKv, kKnorm };
+inline constexpr PolicyKind kAllPolicyKinds[] = {PolicyKind::kDense,  PolicyKind::kStreamingLlm,
+                                                 PolicyKind::kH2O,    PolicyKind::kTova,
+                                                 PolicyKind::kSnapKv, PolicyKind::kKnorm};
 
 std::string_view PolicyKindName(PolicyKind kind);  // "dense", "streaming_llm", "h2o", ...
 Result<PolicyKind> ParsePolicyKind(std::string_view name);

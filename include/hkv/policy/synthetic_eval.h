@@ -4,10 +4,11 @@
 // Contract: RunSyntheticEval runs, per trial, one synthetic sequence (seeded random keys and
 // queries with planted structure, below) through a streaming GQA attention: the prompt in chunks
 // of `chunk` tokens, then `decode_steps` single tokens. Each requested policy and budget runs as
-// one layer's cache over the same sequence: at each step the step's tokens join the cache, the
-// step's queries attend only the cached tokens at or before their position (softmax in double
-// over float32 logits), the policy observes the attention rows it asks for (summed over rows,
-// averaged over each KV head's query heads, float32, as kv_policy.h says), and the cache is
+// one layer's cache over the same sequence: at each step the step's tokens join the cache (a
+// policy that WantsKeys is shown their keys and values), the step's queries attend only the
+// cached tokens at or before their position (softmax in double over float32 logits), the policy
+// observes the attention rows it asks for (summed over rows, averaged over each KV head's query
+// heads, float32, as kv_policy.h says), and the cache is
 // compacted to what Select keeps under budget.Resolve(tokens so far) — so a fraction keeps that
 // share of the sequence at every step, prompt chunks included; original positions are kept.
 // At each decode step it measures, against dense attention over the whole sequence (the query's
@@ -24,19 +25,23 @@
 // keys and queries are unit-variance noise per element (close to normal) plus components along
 // random unit directions, scaled so that a key and query sharing a direction add the stated amount
 // to the logit q.k/sqrt(d):
-// - a sink: token 0's key, and every query, carry a shared direction (sink_logit), as trained
-//   models park attention on their first token;
-// - heavy hitters: a heavy_share of the prompt carries a weaker part of it (heavy_logit), so
-//   every query attends them somewhat — what cumulative-attention policies are built to find;
+// - a sink: every query carries a shared direction and every key but token 0's its opposite,
+//   so token 0 leads every query's logits by sink_logit, as trained models park attention on
+//   their first token (the attended keys are thus the shorter ones, as Devoto et al. (2024)
+//   observe in trained models);
+// - heavy hitters: a heavy_share of the prompt carries less of the opposite, leading by
+//   heavy_logit, so every query attends them somewhat — what cumulative-attention policies are
+//   built to find;
 // - locality: keys and queries follow a slowly drifting topic (an AR(1) direction, correlation
 //   exp(-distance / local_tokens)), so queries favour recent tokens (local_logit at distance 0);
 // - the needle: one prompt token's key carries a needle direction, asked for by the queries of
 //   the last question_tokens prompt tokens (the question at the end of the prompt, which SnapKV's
 //   window sees) and by the last decode step's query (needle_logit). With question_tokens 0 it
-//   is cold: nothing attends it before it is asked.
-// Its limits: no values or outputs (only which tokens attention reaches), no RoPE, one layer, and
-// attention patterns far simpler than a trained model's; it ranks policies on the structures
-// above, not on any task's accuracy.
+//   is cold: no query aims at it before it is asked (its longer key still draws random queries
+//   somewhat more than an ordinary token's).
+// Values are unstructured noise. Limits: no outputs (which tokens attention reaches, not what it
+// reads from them), no RoPE, one layer, and attention far simpler than a trained model's; it ranks
+// policies on the structures above, not on any task's accuracy.
 #pragma once
 
 #include <cstdint>
