@@ -19,7 +19,8 @@ void KvCacheManager::Impl::PlanSnapshots(const Request& r, int64_t begin, int64_
                                          int64_t divergence, std::vector<int64_t>& out) const {
   out.clear();
   const int64_t known = r.known();
-  const int64_t last = std::min(end - 1, known);
+  // Checkpoints past an eviction could never be published (Commit): none are planned there.
+  const int64_t last = std::min({end - 1, known, r.publish_until});
   // Without prefix caching nobody could hit a checkpoint: only speculative states are kept.
   if (config.enable_prefix_caching) {
     const int64_t interval = config.checkpoint_interval;
@@ -420,7 +421,9 @@ Status KvCacheManager::Impl::Commit(Request& r, int64_t c) {
         // Keep what continuing from min(computed, known) needs, so a Truncate back to the known
         // tokens finds its window intact; everything earlier (but the sinks, and what a hit at
         // the request's branch point needs, kept until it ends) goes.
-        const NeededBlocks nb = Needed(g, publish_limit);
+        // Release follows what the request computed, not what it may publish: after an
+        // eviction publishing stops, but the window keeps moving.
+        const NeededBlocks nb = Needed(g, std::min(c, known));
         const NeededBlocks branch = Needed(g, r.window_branch);
         to_release.clear();
         for (int64_t j = std::max<int64_t>(gs.release_from, nb.sinks); j < nb.lo; ++j) {

@@ -79,11 +79,17 @@ Result<EvictResult> KvCacheManager::Impl::Evict(Request& r, int32_t g, int64_t k
 
   // Apply. Replacements are allocated while every old block is still held, so none of them is
   // one whose bytes the engine has yet to read.
+  // Released tail first, as Free does, so a cached prefix's head outlives its tail in the LRU.
   to_release.clear();
+  for (size_t j = gs.table.size(); j > new_blocks; --j)
+    to_release.push_back(gs.table[j - 1]);
+  out.blocks_released = static_cast<int32_t>(to_release.size());
+  gs.table.resize(new_blocks);
   if (replace > 0) {
     fresh.clear();
     Must(bp.Allocate(static_cast<int32_t>(replace), fresh));
     size_t k = 0;
+    const size_t tail = to_release.size();
     for (size_t j = first_replaced; j < new_blocks; ++j) {
       int32_t& b = gs.table[j];
       if (bp.ref_count(b) > 1 || bp.has_identity(b)) {
@@ -91,12 +97,9 @@ Result<EvictResult> KvCacheManager::Impl::Evict(Request& r, int32_t g, int64_t k
         b = fresh[k++];
       }
     }
+    std::reverse(to_release.begin() + static_cast<std::ptrdiff_t>(tail), to_release.end());
   }
   out.blocks_replaced = static_cast<int32_t>(replace);
-  out.blocks_released = static_cast<int32_t>(gs.table.size() - new_blocks);
-  for (size_t j = gs.table.size(); j > new_blocks; --j)  // tail first, as Free releases
-    to_release.push_back(gs.table[j - 1]);
-  gs.table.resize(new_blocks);
   Release(gc.pool, to_release, r.retention);
   out.write_from = std::min(unchanged, static_cast<int64_t>(first_replaced) * bs);
   // Blocks from the first one written on now hold slots, not the positions a digest names.

@@ -526,8 +526,8 @@ Status KvCacheManager::SlotMapping(RequestId id, int32_t group, int64_t begin, i
   for (int64_t p = begin - shift; p < end - shift; p += bs - p % bs) {
     if (table[static_cast<size_t>(p / bs)] == BlockPool::kNullBlock) {
       return Status::InvalidArgument(fmt::format(
-          "slot mapping: position {} of request {} group {} is no longer kept (window or chunk)", p,
-          id, group));
+          "slot mapping: position {} of request {} group {} is no longer kept (window or chunk)",
+          p + shift, id, group));
     }
   }
   if (static_cast<int64_t>(out.size()) != end - begin) {

@@ -104,8 +104,11 @@ INSTANTIATE_TEST_SUITE_P(Models, SparseKv, testing::kEngineModels, testing::Mode
 
 // One long request, prompt in chunks: with a 16-token budget the cache holds the budget between
 // steps and the pool gets the rest back; without a policy it holds the whole sequence.
-TEST(SparseKvMemory, EvictedBlocksReturnToThePool) {
-  const ModelSpec spec = ScaleModel(Load("meta-llama--Llama-3.1-8B"), {}).value();
+class SparseKvMemory : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(SparseKvMemory, EvictedBlocksReturnToThePool) {
+  const bool window = GetParam() == "google--gemma-2-9b";
+  const ModelSpec spec = ScaleModel(Load(GetParam()), {}).value();
   const ModelWeights weights = ModelWeights::Random(spec, 97, 3);
   PlanOptions po;
   po.memory_bytes = int64_t{4} << 20;
@@ -113,7 +116,6 @@ TEST(SparseKvMemory, EvictedBlocksReturnToThePool) {
   po.max_model_len = 256;
   const Plan plan = MakePlan(spec, po).value();
   const ManagerConfig config = ManagerConfig::FromPlan(plan).value();
-  ASSERT_EQ(config.pool_blocks.size(), 1u);
   const auto run = [&](std::optional<SparseKvOptions> sparse, int32_t& peak) {
     EngineOptions eo;
     eo.chunk = 8;
@@ -130,8 +132,12 @@ TEST(SparseKvMemory, EvictedBlocksReturnToThePool) {
     while (!engine->idle()) {
       EXPECT_TRUE(engine->Step().ok());
       EXPECT_TRUE(engine->manager().CheckInvariants().ok());
-      const PoolUsage u = engine->manager().Usage(0);
-      peak = std::max(peak, u.num_blocks - u.num_free);
+      int32_t held = 0;
+      for (size_t p = 0; p < config.pool_blocks.size(); ++p) {
+        const PoolUsage u = engine->manager().Usage(static_cast<int32_t>(p));
+        held += u.num_blocks - u.num_free;
+      }
+      peak = std::max(peak, held);
     }
     return engine->finished().at(0);
   };
@@ -140,13 +146,22 @@ TEST(SparseKvMemory, EvictedBlocksReturnToThePool) {
   int32_t dense_peak = 0, sparse_peak = 0;
   const Sequence dense = run(std::nullopt, dense_peak);
   const Sequence sparse = run(h2o, sparse_peak);
-  EXPECT_EQ(dense_peak, (120 + 24 + 3) / 4);
+  // Gemma-2's sliding-window layers (12 tokens) hold their window on top, 4 blocks of 4 at most
+  // between steps, with or without a policy: eviction must not stop the window from moving.
+  const int32_t window_blocks = window ? 4 : 0;
+  EXPECT_GE(dense_peak, (120 + 24 - 1 + 3) / 4);
+  EXPECT_LE(dense_peak, (120 + 24 + 3) / 4 + window_blocks);
   // Between steps the cache holds the budget, 16 tokens: 4 blocks (a step adds at most one
   // chunk before its eviction).
-  EXPECT_EQ(sparse_peak, 16 / 4);
+  EXPECT_LE(sparse_peak, 16 / 4 + window_blocks);
+  EXPECT_GE(sparse_peak, 16 / 4);
   EXPECT_EQ(CheckAgainstMasked(spec, weights, sparse).mismatches, 0);
   EXPECT_GT(CheckAgainstDense(spec, weights, sparse).mismatches, 0);
 }
+
+INSTANTIATE_TEST_SUITE_P(Models, SparseKvMemory,
+                         ::testing::Values("meta-llama--Llama-3.1-8B", "google--gemma-2-9b"),
+                         testing::ModelTestName);
 
 }  // namespace
 }  // namespace hkv

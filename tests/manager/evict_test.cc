@@ -1,6 +1,8 @@
 // Evict (sparse KV): a full-attention group packs the tokens a policy keeps into its first slots
 // and returns whole blocks; shared and published blocks are never written; nothing computed
 // after an eviction is published.
+#include <algorithm>
+
 #include <gtest/gtest.h>
 
 #include "manager_test_util.h"
@@ -34,6 +36,11 @@ TEST(EvictTest, WholeBlocksReturnAndSharedOnesAreReplaced) {
   for (int32_t b : before)
     EXPECT_NE(after[1], b);  // the bytes of every old block survive until the next allocation
   EXPECT_EQ(Held(d.m(), 0), 2);
+  // Released tail first, then the replaced block: a cached prefix's head outlives its tail.
+  const std::vector<int32_t> order = d.m().FreeListOrder(0);
+  const std::vector<int32_t> released = {before[4], before[3], before[2], before[1]};
+  ASSERT_GE(order.size(), 4u);
+  EXPECT_EQ(std::vector<int32_t>(order.end() - 4, order.end()), released);
   // The request's published prompt blocks stay cached for others.
   d.Add(2, Seq(20));
   EXPECT_EQ(d.Lookup(2).tokens, 16);
@@ -98,6 +105,9 @@ TEST(EvictTest, NothingComputedAfterAnEvictionIsPublished) {
   for (int32_t t = 0; t < 12; ++t) {
     d.Decode(1, 500 + t);
     out.push_back(500 + t);
+    // The window keeps moving: publishing stopped, releasing did not.
+    const std::vector<int32_t> window = d.Table(1, 1);
+    EXPECT_LE(window.size() - std::count(window.begin(), window.end(), 0), 3u) << "step " << t;
   }
   d.Free(1);
   // The one thing stored since: the rolling state after 16 tokens, reached before the eviction

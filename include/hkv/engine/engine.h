@@ -127,8 +127,9 @@ struct EngineCounters {
   int64_t compactions = 0;      // Compact calls that returned slabs to the shared memory
   int64_t pages_moved = 0;      // pages those compactions moved (and the engine copied)
   int64_t slabs_compacted = 0;  // slabs they returned
-  // Sparse KV: Evict calls, the slots they dropped (summed over groups), the blocks they
-  // returned to the pools, and evictions deferred for want of private blocks.
+  // Sparse KV: Evict calls, the slots they dropped (summed over groups), the blocks they took
+  // out of requests' tables (returned to the pool unless a forked sibling still holds them),
+  // and evictions deferred for want of private blocks.
   int64_t evictions = 0;
   int64_t tokens_evicted = 0;
   int64_t blocks_evicted = 0;

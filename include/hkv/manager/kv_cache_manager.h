@@ -124,11 +124,11 @@ class KvCacheManager {
   // only unchanged slots stay; a block the engine must write that is shared or published is
   // replaced by a private one (the others keep being shared, and cached blocks stay hittable).
   // The engine copies each kept token from its old place to its slot, in slot order, for every
-  // layer of the group, before its next call that allocates: blocks released here keep their
-  // bytes until then. From the request's computed position on nothing it computes is published
-  // in any group (its KV now depends on what was evicted), and Truncate is refused. Errors
-  // (nothing changed): unknown request, open step, a group that is not full attention,
-  // keep > n or unchanged > keep, or a pool out of blocks for the replacements.
+  // layer of the group, before its next call that allocates or compacts: blocks released here
+  // keep their bytes until then. From the request's computed position on nothing it computes is
+  // published in any group (its KV now depends on what was evicted), and Truncate is refused.
+  // Errors (nothing changed): unknown request, open step, a group that is not full attention, keep
+  // > n or unchanged > keep, or a pool out of blocks for the replacements.
   Result<EvictResult> Evict(RequestId id, int32_t group, int64_t keep, int64_t unchanged);
   // Ends a request and releases everything it holds (an open step is abandoned).
   Status Free(RequestId id);

@@ -1,0 +1,40 @@
+// Tier: a store of exported blocks (block streams) keyed by prefix identity, with a byte budget.
+//
+// Contract: entries are byte strings under a PrefixKey; an identity names content, so a Put of a
+// key already held keeps the stored bytes and only marks the entry used. Get and Put make an
+// entry the most recently used; Contains does not. To fit a Put, the least recently used
+// unpinned entries are evicted, oldest first; a Put that cannot fit even then (larger than the
+// capacity, or the room is pinned) is refused with nothing evicted. Pinned entries (Pin counts,
+// Unpin undoes one) are never evicted, by a Put or by Evict. Every refusal is a Status naming the
+// key and the reason and leaves the tier as it was.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include <hkv/common/result.h>
+#include <hkv/pool/block_hash.h>
+
+namespace hkv {
+
+class Tier {
+ public:
+  virtual ~Tier() = default;
+
+  virtual bool Contains(const PrefixKey& key) const = 0;
+  virtual Status Put(const PrefixKey& key, std::span<const unsigned char> bytes) = 0;
+  // The stored bytes; NotFound on a miss.
+  virtual Result<std::vector<unsigned char>> Get(const PrefixKey& key) = 0;
+  virtual Status Pin(const PrefixKey& key) = 0;
+  virtual Status Unpin(const PrefixKey& key) = 0;
+  // Removes an unpinned entry; NotFound if absent, FailedPrecondition if pinned.
+  virtual Status Evict(const PrefixKey& key) = 0;
+
+  virtual int64_t capacity_bytes() const = 0;
+  virtual int64_t used_bytes() const = 0;
+  // Every key, least recently used first.
+  virtual std::vector<PrefixKey> LruOrder() const = 0;
+};
+
+}  // namespace hkv

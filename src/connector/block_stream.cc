@@ -1,0 +1,266 @@
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include <hkv/connector/block_stream.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+namespace hkv {
+namespace {
+
+// "hkvblks" and a zero byte, read as a little-endian integer.
+constexpr uint64_t kMagic = 0x00736b6c62766b68ull;
+constexpr int64_t kStreamHeader = 32;  // magic, version, count, total bytes, reserved
+constexpr int64_t kBlockHeader = 64;   // see BlockHeader
+constexpr int64_t kChecksumAt = 56;    // the checksum is the header's last field
+constexpr uint32_t kHasKey = 1, kCheckpoint = 2;
+// Export copies and hashes a chunk at a time so the hash reads bytes still in cache.
+constexpr int64_t kChunk = int64_t{128} << 10;
+
+void Put32(unsigned char* p, uint32_t v) {
+  for (int i = 0; i < 4; ++i)
+    p[i] = static_cast<unsigned char>(v >> (8 * i));
+}
+void Put64(unsigned char* p, uint64_t v) {
+  for (int i = 0; i < 8; ++i)
+    p[i] = static_cast<unsigned char>(v >> (8 * i));
+}
+uint32_t Get32(const unsigned char* p) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; ++i)
+    v |= static_cast<uint32_t>(p[i]) << (8 * i);
+  return v;
+}
+uint64_t Get64(const unsigned char* p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i)
+    v |= static_cast<uint64_t>(p[i]) << (8 * i);
+  return v;
+}
+
+// The header's own digest seeds the image's, so one checksum covers both.
+uint64_t HeaderSeed(const unsigned char* header) {
+  return XXH3_64bits(header, kChecksumAt);
+}
+
+Status CheckExport(const BlockMemoryView& view, std::span<const ExportBlock> blocks) {
+  if (blocks.size() > UINT32_MAX) {
+    return Status::InvalidArgument(
+        fmt::format("export: {} blocks, a stream holds at most {}", blocks.size(), UINT32_MAX));
+  }
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const ExportBlock& b = blocks[i];
+    if (b.group < 0 || b.group >= view.num_groups()) {
+      return Status::InvalidArgument(fmt::format("export: block {} names group {}, the plan has {}",
+                                                 i, b.group, view.num_groups()));
+    }
+    const GroupRefs& g = view.group(b.group);
+    if (!view.ValidBlock(g.pool, b.block)) {
+      return Status::InvalidArgument(
+          fmt::format("export: block {} has id {}, outside pool {} of group {} (ids {}..{})", i,
+                      b.block, g.pool, b.group, view.first_block(g.pool),
+                      view.first_block(g.pool) + view.num_blocks(g.pool) - 1));
+    }
+    if (b.key && b.key->group != b.group) {
+      return Status::InvalidArgument(
+          fmt::format("export: block {} of group {} carries a prefix key of group {}", i, b.group,
+                      b.key->group));
+    }
+  }
+  return Status::Ok();
+}
+
+int64_t StreamBytes(const BlockMemoryView& view, std::span<const ExportBlock> blocks) {
+  int64_t bytes = kStreamHeader;
+  for (const ExportBlock& b : blocks)
+    bytes += kBlockHeader + view.group(b.group).image_bytes;
+  return bytes;
+}
+
+}  // namespace
+
+Result<int64_t> ExportedBytes(const BlockMemoryView& view, std::span<const ExportBlock> blocks) {
+  HKV_RETURN_IF_ERROR(CheckExport(view, blocks));
+  return StreamBytes(view, blocks);
+}
+
+Status ExportBlocks(const BlockMemoryView& view, std::span<const ExportBlock> blocks,
+                    std::span<unsigned char> out) {
+  HKV_RETURN_IF_ERROR(CheckExport(view, blocks));
+  const int64_t total = StreamBytes(view, blocks);
+  if (static_cast<int64_t>(out.size()) != total) {
+    return Status::InvalidArgument(
+        fmt::format("export: the output has {} bytes, the stream of {} blocks takes {}", out.size(),
+                    blocks.size(), total));
+  }
+  unsigned char* p = out.data();
+  Put64(p, kMagic);
+  Put32(p + 8, kBlockStreamVersion);
+  Put32(p + 12, static_cast<uint32_t>(blocks.size()));
+  Put64(p + 16, static_cast<uint64_t>(total));
+  Put64(p + 24, 0);
+  p += kStreamHeader;
+  std::vector<BlockRegion> regions;
+  XXH3_state_t state;
+  for (const ExportBlock& b : blocks) {
+    const GroupRefs& g = view.group(b.group);
+    unsigned char* header = p;
+    Put32(header, static_cast<uint32_t>(g.pool));
+    Put32(header + 4, static_cast<uint32_t>(b.group));
+    Put32(header + 8, (b.key ? kHasKey : 0) | (g.is_state ? kCheckpoint : 0));
+    Put32(header + 12, static_cast<uint32_t>(b.key ? b.key->group : 0));
+    Put64(header + 16, b.key ? b.key->hash.lo : 0);
+    Put64(header + 24, b.key ? b.key->hash.hi : 0);
+    Put64(header + 32, g.fingerprint);
+    Put64(header + 40, static_cast<uint64_t>(g.image_bytes));
+    Put64(header + 48, 0);
+    XXH3_64bits_reset_withSeed(&state, HeaderSeed(header));
+    p += kBlockHeader;
+    // Checked above, so this cannot fail.
+    (void)view.Regions(b.group, b.block, regions);
+    for (const BlockRegion& r : regions) {
+      for (int64_t done = 0; done < r.bytes; done += kChunk) {
+        const auto n = static_cast<size_t>(std::min(kChunk, r.bytes - done));
+        std::memcpy(p, r.data + done, n);
+        XXH3_64bits_update(&state, p, n);
+        p += n;
+      }
+    }
+    Put64(header + kChecksumAt, XXH3_64bits_digest(&state));
+  }
+  return Status::Ok();
+}
+
+Result<std::vector<unsigned char>> ExportBlocks(const BlockMemoryView& view,
+                                                std::span<const ExportBlock> blocks) {
+  HKV_ASSIGN_OR_RETURN(const int64_t bytes, ExportedBytes(view, blocks));
+  std::vector<unsigned char> out(static_cast<size_t>(bytes));
+  HKV_RETURN_IF_ERROR(ExportBlocks(view, blocks, out));
+  return out;
+}
+
+Result<std::vector<StreamBlock>> ParseBlockStream(std::span<const unsigned char> stream) {
+  const auto size = static_cast<int64_t>(stream.size());
+  if (size < kStreamHeader) {
+    return Status::ParseError(fmt::format(
+        "block stream: {} bytes, shorter than the {}-byte stream header", size, kStreamHeader));
+  }
+  const unsigned char* p = stream.data();
+  if (Get64(p) != kMagic) {
+    return Status::ParseError("block stream: the magic is not \"hkvblks\"; not a block stream");
+  }
+  if (Get32(p + 8) != kBlockStreamVersion) {
+    return Status::Unsupported(fmt::format("block stream: version {}, this build reads {}",
+                                           Get32(p + 8), kBlockStreamVersion));
+  }
+  const uint32_t count = Get32(p + 12);
+  if (Get64(p + 16) != static_cast<uint64_t>(size)) {
+    return Status::ParseError(fmt::format(
+        "block stream: the header says {} bytes, the stream has {} (truncated or padded)",
+        Get64(p + 16), size));
+  }
+  if (Get64(p + 24) != 0) return Status::ParseError("block stream: reserved header field not 0");
+  std::vector<StreamBlock> blocks;
+  int64_t at = kStreamHeader;
+  for (uint32_t i = 0; i < count; ++i) {
+    if (size - at < kBlockHeader) {
+      return Status::ParseError(
+          fmt::format("block stream: block {} header runs past the end (at byte {})", i, at));
+    }
+    const unsigned char* header = p + at;
+    const uint64_t image_bytes = Get64(header + 40);
+    if (image_bytes > static_cast<uint64_t>(size - at - kBlockHeader)) {
+      return Status::ParseError(
+          fmt::format("block stream: block {} claims {} image bytes, {} remain", i, image_bytes,
+                      size - at - kBlockHeader));
+    }
+    const uint32_t flags = Get32(header + 8);
+    if ((flags & ~(kHasKey | kCheckpoint)) != 0 || Get64(header + 48) != 0) {
+      return Status::ParseError(
+          fmt::format("block stream: block {} has unknown flags {:#x} or reserved bits", i, flags));
+    }
+    const unsigned char* image = header + kBlockHeader;
+    const uint64_t sum = XXH3_64bits_withSeed(image, image_bytes, HeaderSeed(header));
+    if (sum != Get64(header + kChecksumAt)) {
+      return Status::ParseError(
+          fmt::format("block stream: block {} fails its checksum (corrupt data)", i));
+    }
+    StreamBlock b;
+    b.pool = static_cast<int32_t>(Get32(header));
+    b.group = static_cast<int32_t>(Get32(header + 4));
+    if ((flags & kHasKey) != 0) {
+      b.key = PrefixKey{BlockHash{Get64(header + 16), Get64(header + 24)},
+                        static_cast<int32_t>(Get32(header + 12))};
+    }
+    b.checkpoint = (flags & kCheckpoint) != 0;
+    b.fingerprint = Get64(header + 32);
+    b.image = {image, static_cast<size_t>(image_bytes)};
+    blocks.push_back(b);
+    at += kBlockHeader + static_cast<int64_t>(image_bytes);
+  }
+  if (at != size) {
+    return Status::ParseError(
+        fmt::format("block stream: {} blocks end at byte {}, the stream has {}", count, at, size));
+  }
+  return blocks;
+}
+
+Status ImportBlocks(const BlockMemoryView& dst, std::span<const StreamBlock> blocks,
+                    std::span<const int64_t> dst_blocks) {
+  if (dst_blocks.size() != blocks.size()) {
+    return Status::InvalidArgument(fmt::format("import: {} destination blocks for a stream of {}",
+                                               dst_blocks.size(), blocks.size()));
+  }
+  std::vector<std::pair<int32_t, int64_t>> targets;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const StreamBlock& b = blocks[i];
+    if (b.group < 0 || b.group >= dst.num_groups()) {
+      return Status::InvalidArgument(fmt::format(
+          "import: block {} is of group {}, the destination has {}", i, b.group, dst.num_groups()));
+    }
+    const GroupRefs& g = dst.group(b.group);
+    if (b.fingerprint != g.fingerprint || b.pool != g.pool || b.checkpoint != g.is_state ||
+        static_cast<int64_t>(b.image.size()) != g.image_bytes) {
+      return Status::InvalidArgument(fmt::format(
+          "import: block {} (group {}, pool {}, {} bytes) does not match the destination's "
+          "geometry of group {} (pool {}, {} bytes{})",
+          i, b.group, b.pool, b.image.size(), b.group, g.pool, g.image_bytes,
+          b.fingerprint != g.fingerprint ? ", other layers or tensor shapes" : ""));
+    }
+    if (!dst.ValidBlock(g.pool, dst_blocks[i])) {
+      return Status::InvalidArgument(fmt::format(
+          "import: destination {} of block {} is outside pool {} (ids {}..{})", dst_blocks[i], i,
+          g.pool, dst.first_block(g.pool), dst.first_block(g.pool) + dst.num_blocks(g.pool) - 1));
+    }
+    targets.emplace_back(g.pool, dst_blocks[i]);
+  }
+  std::sort(targets.begin(), targets.end());
+  const auto dup = std::adjacent_find(targets.begin(), targets.end());
+  if (dup != targets.end()) {
+    return Status::InvalidArgument(
+        fmt::format("import: block {} of pool {} is the destination of two stream blocks",
+                    dup->second, dup->first));
+  }
+  std::vector<BlockRegion> regions;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    (void)dst.Regions(blocks[i].group, dst_blocks[i], regions);  // checked above
+    const unsigned char* from = blocks[i].image.data();
+    for (const BlockRegion& r : regions) {
+      std::memcpy(r.data, from, static_cast<size_t>(r.bytes));
+      from += r.bytes;
+    }
+  }
+  return Status::Ok();
+}
+
+Status ImportBlocks(const BlockMemoryView& dst, std::span<const unsigned char> stream,
+                    std::span<const int64_t> dst_blocks) {
+  HKV_ASSIGN_OR_RETURN(const std::vector<StreamBlock> blocks, ParseBlockStream(stream));
+  return ImportBlocks(dst, blocks, dst_blocks);
+}
+
+}  // namespace hkv
