@@ -1,5 +1,3 @@
-#include <algorithm>
-#include <cmath>
 #include <string>
 
 #include <fmt/format.h>
@@ -29,8 +27,7 @@ std::string_view PolicyKindName(PolicyKind kind) {
 }
 
 Result<PolicyKind> ParsePolicyKind(std::string_view name) {
-  for (PolicyKind k : {PolicyKind::kDense, PolicyKind::kStreamingLlm, PolicyKind::kH2O,
-                       PolicyKind::kTova, PolicyKind::kSnapKv, PolicyKind::kKnorm}) {
+  for (PolicyKind k : kAllPolicyKinds) {
     if (name == PolicyKindName(k)) return k;
   }
   return Status::InvalidArgument(
@@ -71,35 +68,6 @@ Result<std::unique_ptr<KvPolicy>> MakePolicy(const PolicyConfig& c) {
       return NewKnorm(c.recent);
   }
   return Status::InvalidArgument("policy: unknown kind");
-}
-
-Result<PolicyBudget> PolicyBudget::Tokens(int64_t tokens) {
-  if (tokens < 1) {
-    return Status::InvalidArgument(fmt::format("budget of {} tokens: expected >= 1", tokens));
-  }
-  PolicyBudget b;
-  b.tokens_ = tokens;
-  return b;
-}
-
-Result<PolicyBudget> PolicyBudget::Fraction(double share) {
-  if (!(share > 0.0 && share <= 1.0)) {
-    return Status::InvalidArgument(
-        fmt::format("budget fraction {}: expected a share in (0, 1]", share));
-  }
-  PolicyBudget b;
-  b.share_ = share;
-  return b;
-}
-
-int64_t PolicyBudget::Resolve(int64_t length) const {
-  if (tokens_ > 0) return tokens_;
-  // Rounded up, but a product that is an integer up to floating-point error (0.07 * 100 =
-  // 7.000000000000001) is that integer.
-  const double x = share_ * static_cast<double>(length);
-  const double nearest = std::round(x);
-  const double t = std::abs(x - nearest) <= 1e-9 * std::max(1.0, x) ? nearest : std::ceil(x);
-  return t < 1 ? 1 : static_cast<int64_t>(t);
 }
 
 }  // namespace hkv

@@ -398,5 +398,38 @@ TEST(PolicyTest, BadOptionsAndBudgetsAreRefusedByName) {
   EXPECT_EQ(PolicyBudget::Fraction(0.14).value().Resolve(100), 14);
 }
 
+TEST(PolicyTest, BudgetsAreParsedFromText) {
+  const PolicyBudget tokens = ParsePolicyBudget("64").value();
+  EXPECT_FALSE(tokens.is_fraction());
+  EXPECT_EQ(tokens.tokens(), 64);
+  EXPECT_EQ(tokens.Resolve(1000), 64);
+  const PolicyBudget share = ParsePolicyBudget("0.25").value();
+  EXPECT_TRUE(share.is_fraction());
+  EXPECT_EQ(share.share(), 0.25);
+  EXPECT_EQ(share.Resolve(1000), 250);
+  EXPECT_EQ(ParsePolicyBudget("10%").value().share(), 0.1);
+  EXPECT_EQ(ParsePolicyBudget("12.5%").value().Resolve(1000), 125);
+  EXPECT_EQ(ParsePolicyBudget("1e-1").value().share(), 0.1);
+  // "1" is one token; "1.0" is the whole sequence.
+  EXPECT_EQ(ParsePolicyBudget("1").value().Resolve(1000), 1);
+  EXPECT_EQ(ParsePolicyBudget("1.0").value().Resolve(1000), 1000);
+  const auto refused = [](const char* text, const char* what) {
+    const auto b = ParsePolicyBudget(text);
+    ASSERT_FALSE(b.ok()) << text;
+    EXPECT_NE(b.status().message().find(what), std::string::npos) << b.status().message();
+  };
+  refused("0", "budget '0': budget of 0 tokens");
+  refused("-3", "budget of -3 tokens");
+  refused("1.5", "budget '1.5': budget fraction 1.5");
+  refused("0.0", "budget fraction 0");
+  refused("150%", "budget '150%'");
+  refused("", "budget '': expected a token count");
+  refused("ten", "budget 'ten': expected a token count");
+  refused("64k", "budget '64k'");
+  refused("nan", "budget 'nan'");
+  refused("1e400", "budget '1e400'");
+  refused("%", "budget '%'");
+}
+
 }  // namespace
 }  // namespace hkv

@@ -6,6 +6,7 @@
 
 #include "plan_command.h"
 #include "simulate_command.h"
+#include "sparse_eval_command.h"
 #include "trace_command.h"
 #include "verify_command.h"
 
@@ -20,6 +21,8 @@ int main(int argc, char** argv) {
   CLI::App* simulate = hkv::cli::AddSimulateCommand(app, simulate_args);
   hkv::cli::VerifyArgs verify_args;
   CLI::App* verify = hkv::cli::AddVerifyCommand(app, verify_args);
+  hkv::cli::SparseEvalArgs sparse_eval_args;
+  CLI::App* sparse_eval = hkv::cli::AddSparseEvalCommand(app, sparse_eval_args);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -31,5 +34,8 @@ int main(int argc, char** argv) {
     return hkv::cli::RunSimulate(simulate_args, std::cout, std::cerr, isatty(STDERR_FILENO) == 1);
   }
   if (verify->parsed()) return hkv::cli::RunVerifyCommand(verify_args, std::cout, std::cerr);
+  if (sparse_eval->parsed()) {
+    return hkv::cli::RunSparseEvalCommand(sparse_eval_args, std::cout, std::cerr);
+  }
   return 1;
 }

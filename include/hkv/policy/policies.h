@@ -19,7 +19,9 @@
 //   (L2 norm of each KV head's key, averaged over the heads; low-norm keys draw high attention).
 //   It needs no attention weights, only the keys as written (KvPolicy::Written).
 // A budget is a token count or a fraction of the sequence's length (rounded up, at least 1); a
-// default-constructed one is the whole sequence.
+// default-constructed one is the whole sequence. ParsePolicyBudget reads one from text: an
+// integer is a token count ("64"), a number with a decimal point or exponent a fraction ("0.25"),
+// a number with '%' a percentage ("25%").
 #pragma once
 
 #include <cstdint>
@@ -32,6 +34,9 @@
 namespace hkv {
 
 enum class PolicyKind : unsigned char { kDense, kStreamingLlm, kH2O, kTova, kSnapKv, kKnorm };
+inline constexpr PolicyKind kAllPolicyKinds[] = {PolicyKind::kDense,  PolicyKind::kStreamingLlm,
+                                                 PolicyKind::kH2O,    PolicyKind::kTova,
+                                                 PolicyKind::kSnapKv, PolicyKind::kKnorm};
 
 std::string_view PolicyKindName(PolicyKind kind);  // "dense", "streaming_llm", "h2o", ...
 Result<PolicyKind> ParsePolicyKind(std::string_view name);
@@ -54,11 +59,16 @@ class PolicyBudget {
   static Result<PolicyBudget> Fraction(double share);  // in (0, 1]
   // Tokens to keep for a sequence of `length` tokens.
   int64_t Resolve(int64_t length) const;
+  bool is_fraction() const { return tokens_ == 0; }
+  int64_t tokens() const { return tokens_; }                 // 0 for a fraction
+  double share() const { return tokens_ > 0 ? 0 : share_; }  // 0 for a token count
 
  private:
   // Default-constructed: the whole sequence (a fraction of 1).
   int64_t tokens_ = 0;
   double share_ = 1.0;
 };
+
+Result<PolicyBudget> ParsePolicyBudget(std::string_view text);
 
 }  // namespace hkv

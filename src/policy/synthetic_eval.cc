@@ -1,0 +1,326 @@
+// The synthetic evaluation's driver: every policy and budget runs in lockstep over one trial's
+// sequence, so the logits of a step are computed once and each run reads the columns it still
+// caches.
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <memory>
+
+#include <fmt/format.h>
+
+#include <hkv/common/splitmix64.h>
+#include <hkv/policy/synthetic_eval.h>
+
+#include "synthetic_sequence.h"
+
+namespace hkv {
+namespace {
+
+using policy_internal::SyntheticSequence;
+
+// Far above any useful run, far below what would exhaust a machine: keys, queries and one step's
+// logits, in floats.
+constexpr int64_t kMaxFloats = int64_t{1} << 28;
+
+Result<std::unique_ptr<KvPolicy>> Build(const SyntheticEvalOptions& o, const PolicyConfig& c) {
+  Result<std::unique_ptr<KvPolicy>> p = o.make_policy ? o.make_policy(c) : MakePolicy(c);
+  if (p.ok() && *p == nullptr) {
+    return Status::InvalidArgument(
+        fmt::format("make_policy built no policy for {}", PolicyKindName(c.kind)));
+  }
+  return p;
+}
+
+Status CheckShape(const SyntheticShape& s) {
+  const auto logit = [](const char* name, double v) {
+    if (std::isfinite(v) && v >= 0) return Status::Ok();
+    return Status::InvalidArgument(fmt::format("{} = {}: expected a finite value >= 0", name, v));
+  };
+  for (const Status& st :
+       {logit("sink_logit", s.sink_logit), logit("heavy_logit", s.heavy_logit),
+        logit("local_logit", s.local_logit), logit("needle_logit", s.needle_logit)}) {
+    if (!st.ok()) return st;
+  }
+  if (!(s.heavy_share >= 0 && s.heavy_share <= 1)) {
+    return Status::InvalidArgument(
+        fmt::format("heavy_share = {}: expected a share in [0, 1]", s.heavy_share));
+  }
+  if (!(std::isfinite(s.local_tokens) && s.local_tokens > 0)) {
+    return Status::InvalidArgument(
+        fmt::format("local_tokens = {}: expected a finite value > 0", s.local_tokens));
+  }
+  return Status::Ok();
+}
+
+Status Check(const SyntheticEvalOptions& o) {
+  const auto at_least = [](const char* name, int64_t v, int64_t lo) {
+    if (v >= lo) return Status::Ok();
+    return Status::InvalidArgument(fmt::format("{} = {}: expected >= {}", name, v, lo));
+  };
+  for (const Status& st :
+       {at_least("num_kv_heads", o.num_kv_heads, 1), at_least("group", o.group, 1),
+        at_least("head_dim", o.head_dim, 1), at_least("prompt_len", o.prompt_len, 2),
+        at_least("decode_steps", o.decode_steps, 1), at_least("chunk", o.chunk, 1),
+        at_least("trials", o.trials, 1), at_least("question_tokens", o.question_tokens, 0)}) {
+    if (!st.ok()) return st;
+  }
+  // The needle needs a prompt position after the sink and before the question.
+  if (o.question_tokens > o.prompt_len - 2) {
+    return Status::InvalidArgument(
+        fmt::format("question_tokens = {}: expected at most prompt_len - 2 = {}", o.question_tokens,
+                    o.prompt_len - 2));
+  }
+  const int64_t needle_end = o.prompt_len - o.question_tokens;
+  if (o.needle_position != -1 && (o.needle_position < 1 || o.needle_position >= needle_end)) {
+    return Status::InvalidArgument(
+        fmt::format("needle_position = {}: expected -1 (varied) or a prompt position in [1, {})",
+                    o.needle_position, needle_end));
+  }
+  // Products checked one factor at a time so that none overflows before the comparison.
+  const int64_t q_heads = int64_t{o.num_kv_heads} * o.group;
+  const int64_t length = o.prompt_len + o.decode_steps;
+  if (q_heads > kMaxFloats || o.head_dim > kMaxFloats || o.prompt_len > kMaxFloats ||
+      o.decode_steps > kMaxFloats || q_heads * o.head_dim > kMaxFloats / length ||
+      std::min(o.chunk, o.prompt_len) * q_heads > kMaxFloats / length) {
+    return Status::InvalidArgument(fmt::format(
+        "{} query heads of width {} over {} tokens in chunks of {}: more than {} floats of "
+        "queries, keys or step logits; expected a smaller run",
+        q_heads, o.head_dim, length, o.chunk, kMaxFloats));
+  }
+  HKV_RETURN_IF_ERROR(CheckShape(o.shape));
+  if (o.policies.empty()) return Status::InvalidArgument("policies: expected at least one");
+  if (o.budgets.empty()) return Status::InvalidArgument("budgets: expected at least one");
+  for (const PolicyConfig& c : o.policies) {
+    Result<std::unique_ptr<KvPolicy>> p = Build(o, c);
+    if (!p.ok()) return p.status();
+  }
+  return Status::Ok();
+}
+
+// One policy under one budget in one trial: its cache (the positions it holds) and what it has
+// measured so far.
+struct Run {
+  std::unique_ptr<KvPolicy> policy;
+  PolicyBudget budget;
+  SyntheticEvalResult* result = nullptr;
+  std::vector<int64_t> positions;
+};
+
+// The step's last rows the policy asks for, at most the step's tokens.
+int64_t RowsAsked(const KvPolicy& policy, const PolicyStep& step) {
+  return std::clamp<int64_t>(policy.AttentionRows(step), 0, step.count);
+}
+
+// The weights the policy asked for: rows [end - rows, end) of `logits` (whose first row is
+// `first_row`) over the cached `positions`, each row's softmax over the slots at or before it,
+// summed over the rows and averaged over each KV head's query heads.
+void Feedback(const std::vector<float>& logits, int64_t first_row, int64_t end, int32_t rows,
+              const std::vector<int64_t>& positions, const SyntheticEvalOptions& o,
+              std::vector<double>& acc, std::vector<double>& row, std::vector<float>& out) {
+  const size_t n = positions.size();
+  const auto q_heads = static_cast<size_t>(o.num_kv_heads) * static_cast<size_t>(o.group);
+  const auto stride = static_cast<size_t>(end);
+  acc.assign(static_cast<size_t>(o.num_kv_heads) * n, 0.0);
+  row.resize(n);
+  for (int64_t r = end - rows; r < end; ++r) {
+    // Slots are in position order: the ones a row may attend are a prefix.
+    const auto visible = static_cast<size_t>(
+        std::upper_bound(positions.begin(), positions.end(), r) - positions.begin());
+    for (size_t h = 0; h < q_heads; ++h) {
+      const float* l = &logits[(static_cast<size_t>(r - first_row) * q_heads + h) * stride];
+      double mx = -std::numeric_limits<double>::infinity();
+      for (size_t i = 0; i < visible; ++i)
+        mx = std::max(mx, double{l[positions[i]]});
+      double z = 0;
+      for (size_t i = 0; i < visible; ++i) {
+        row[i] = std::exp(double{l[positions[i]]} - mx);
+        z += row[i];
+      }
+      double* a = &acc[h / static_cast<size_t>(o.group) * n];
+      for (size_t i = 0; i < visible; ++i)
+        a[i] += row[i] / z / o.group;
+    }
+  }
+  out.resize(acc.size());
+  for (size_t i = 0; i < acc.size(); ++i)
+    out[i] = static_cast<float>(acc[i]);
+}
+
+// Dense attention of query row r (the last row of `logits`, whose rows end at r + 1) over every
+// position 0..r, averaged over all query heads.
+void DenseRow(const std::vector<float>& logits, int64_t r, int32_t q_heads,
+              std::vector<double>& dense) {
+  const auto n = static_cast<size_t>(r + 1);
+  const size_t rows = logits.size() / (static_cast<size_t>(q_heads) * n);
+  dense.assign(n, 0.0);
+  std::vector<double> w(n);
+  for (int32_t h = 0; h < q_heads; ++h) {
+    const float* l = &logits[((rows - 1) * static_cast<size_t>(q_heads) + h) * n];
+    double mx = -std::numeric_limits<double>::infinity();
+    for (size_t c = 0; c < n; ++c)
+      mx = std::max(mx, double{l[c]});
+    double z = 0;
+    for (size_t c = 0; c < n; ++c) {
+      w[c] = std::exp(double{l[c]} - mx);
+      z += w[c];
+    }
+    for (size_t c = 0; c < n; ++c)
+      dense[c] += w[c] / z / q_heads;
+  }
+}
+
+// Select's answer, checked before it indexes anything: a policy from make_policy may be wrong.
+Status CheckKeep(const KvPolicy& policy, const std::vector<int32_t>& keep, size_t n) {
+  for (size_t i = 0; i < keep.size(); ++i) {
+    if (keep[i] < 0 || static_cast<size_t>(keep[i]) >= n || (i > 0 && keep[i] <= keep[i - 1])) {
+      return Status::FailedPrecondition(
+          fmt::format("policy {}: Select kept slot {} (entry {}) of {}: expected ascending slots "
+                      "below {}",
+                      policy.name(), keep[i], i, n, n));
+    }
+  }
+  return Status::Ok();
+}
+
+Status RunTrial(const SyntheticEvalOptions& o, const SyntheticSequence& seq, int32_t trial,
+                std::vector<Run>& runs, SyntheticEvalReport& report) {
+  const int64_t n = seq.length();
+  std::vector<float> logits, weights, keys, values;
+  std::vector<double> dense, best, acc, row;
+  std::vector<int32_t> keep;
+  std::vector<int64_t> kept;
+  for (int64_t first = 0; first < n;) {
+    const bool decode = first >= o.prompt_len;
+    const int64_t count = decode ? 1 : std::min(o.chunk, o.prompt_len - first);
+    const int64_t end = first + count;
+    const PolicyStep step{first, static_cast<int32_t>(count), !decode && end == o.prompt_len};
+    // Only the rows some run asks for (or the decode row the mass is measured on) are computed.
+    int64_t rows_needed = decode ? 1 : 0;
+    for (const Run& run : runs)
+      rows_needed = std::max(rows_needed, RowsAsked(*run.policy, step));
+    const int64_t first_row = end - rows_needed;
+    if (rows_needed > 0) seq.Logits(first_row, end, logits);
+    const bool any_wants_keys =
+        std::any_of(runs.begin(), runs.end(), [](const Run& r) { return r.policy->WantsKeys(); });
+    if (any_wants_keys) seq.Rows(first, end, keys, values);
+    double total = 0;
+    if (decode) {
+      DenseRow(logits, end - 1, seq.query_heads(), dense);
+      for (double w : dense)
+        total += w;
+      best = dense;
+      std::sort(best.begin(), best.end(), std::greater<>());
+      for (size_t i = 1; i < best.size(); ++i)
+        best[i] += best[i - 1];  // best[m - 1]: the largest m weights
+    }
+    const int64_t decode_step = first - o.prompt_len;
+    for (Run& run : runs) {
+      for (int64_t p = first; p < end; ++p)
+        run.positions.push_back(p);
+      if (run.policy->WantsKeys()) {
+        // Only the step's tokens are new to it: every earlier slot was shown when it was written.
+        const int32_t width = seq.kv_heads() * seq.head_dim();
+        const WrittenKv kv{std::span<const int64_t>(run.positions).last(static_cast<size_t>(count)),
+                           seq.kv_heads(),
+                           width,
+                           width,
+                           keys,
+                           values};
+        run.policy->Written(kv);
+      }
+      const auto rows = static_cast<int32_t>(RowsAsked(*run.policy, step));
+      AttentionFeedback fb;
+      if (rows > 0) {
+        Feedback(logits, first_row, end, rows, run.positions, o, acc, row, weights);
+        fb = {o.num_kv_heads, rows, weights};
+      }
+      run.policy->Observe(run.positions, step, fb);
+      if (decode) {
+        // Both sums run in position order when every token is cached, so a cache holding all of
+        // them scores exactly the oracle (ratio 1, not 1 up to rounding).
+        double mass = 0;
+        for (int64_t p : run.positions)
+          mass += dense[static_cast<size_t>(p)];
+        const size_t m = run.positions.size();
+        const double oracle = static_cast<int64_t>(m) >= end ? total : best[m - 1];
+        SyntheticEvalResult& r = *run.result;
+        const auto at = static_cast<size_t>(trial * o.decode_steps + decode_step);
+        r.mass[at] = mass;
+        r.oracle_mass[at] = oracle;
+        r.mean_cache_tokens += static_cast<double>(m);
+        if (end == n &&
+            std::binary_search(run.positions.begin(), run.positions.end(), seq.needle())) {
+          ++r.needles_retrieved;
+        }
+      }
+      keep.clear();
+      run.policy->Select(run.positions, run.budget.Resolve(end), keep);
+      HKV_RETURN_IF_ERROR(CheckKeep(*run.policy, keep, run.positions.size()));
+      run.policy->Compact(keep);
+      kept.clear();
+      for (int32_t s : keep)
+        kept.push_back(run.positions[static_cast<size_t>(s)]);
+      run.positions.swap(kept);
+    }
+    if (end == n && std::max_element(dense.begin(), dense.end()) - dense.begin() == seq.needle()) {
+      ++report.needle_dense_top;
+    }
+    first = end;
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<SyntheticEvalReport> RunSyntheticEval(const SyntheticEvalOptions& o) {
+  HKV_RETURN_IF_ERROR(Check(o));
+  SyntheticEvalReport report;
+  report.trials = o.trials;
+  const int64_t length = o.prompt_len + o.decode_steps;
+  const auto samples = static_cast<size_t>(o.trials) * static_cast<size_t>(o.decode_steps);
+  for (const PolicyConfig& c : o.policies) {
+    for (const PolicyBudget& b : o.budgets) {
+      SyntheticEvalResult& r = report.results.emplace_back();
+      r.policy = c;
+      r.budget = b;
+      r.budget_tokens = b.Resolve(length);
+      r.mass.assign(samples, 0.0);
+      r.oracle_mass.assign(samples, 0.0);
+    }
+  }
+  // Trial t's sequence depends on the seed and t only, not on how many trials run.
+  SplitMix64 seeds(o.seed);
+  for (int32_t trial = 0; trial < o.trials; ++trial) {
+    const SyntheticSequence seq(o, seeds.Next());
+    std::vector<Run> runs;
+    size_t i = 0;
+    for (const PolicyConfig& c : o.policies) {
+      for (const PolicyBudget& b : o.budgets) {
+        Run& run = runs.emplace_back();
+        HKV_ASSIGN_OR_RETURN(run.policy, Build(o, c));
+        run.budget = b;
+        run.result = &report.results[i++];
+      }
+    }
+    HKV_RETURN_IF_ERROR(RunTrial(o, seq, trial, runs, report));
+  }
+  for (SyntheticEvalResult& r : report.results) {
+    double mass = 0, oracle = 0, ratio = 0;
+    r.min_ratio = std::numeric_limits<double>::infinity();
+    for (size_t s = 0; s < samples; ++s) {
+      mass += r.mass[s];
+      oracle += r.oracle_mass[s];
+      ratio += r.mass[s] / r.oracle_mass[s];
+      r.min_ratio = std::min(r.min_ratio, r.mass[s] / r.oracle_mass[s]);
+    }
+    const auto count = static_cast<double>(samples);
+    r.mean_mass = mass / count;
+    r.mean_oracle_mass = oracle / count;
+    r.mean_ratio = ratio / count;
+    r.mean_cache_tokens /= count;
+  }
+  return report;
+}
+
+}  // namespace hkv
