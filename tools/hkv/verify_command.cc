@@ -21,6 +21,12 @@ CLI::App* AddVerifyCommand(CLI::App& app, VerifyArgs& args) {
   cmd->add_option("--memory", args.options.memory_bytes,
                   "KV memory in bytes (default: about three sequences)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 32));
+  cmd->add_option("--policy", args.policy,
+                  "sparse-KV policy on every full-attention layer: dense, streaming_llm, h2o, "
+                  "tova, snapkv, knorm");
+  cmd->add_option("--budget", args.budget,
+                  "the policy's budget: tokens (16), a fraction (0.25) or a percentage (25%); "
+                  "default: the whole sequence");
   cmd->add_flag("--json", args.json, "print JSON");
   return cmd;
 }
@@ -32,7 +38,26 @@ int RunVerifyCommand(const VerifyArgs& args, std::ostream& out, std::ostream& er
     err << "hkv verify: " << model.status().ToString() << "\n";
     return 2;
   }
-  auto report = RunVerify(*model, args.options);
+  VerifyOptions options = args.options;
+  if (!args.policy.empty() || !args.budget.empty()) {
+    SparseKvOptions sparse;
+    const Result<PolicyKind> kind = ParsePolicyKind(args.policy.empty() ? "dense" : args.policy);
+    if (!kind.ok()) {
+      err << "hkv verify: --policy: " << kind.status().ToString() << "\n";
+      return 2;
+    }
+    sparse.policy.kind = *kind;
+    if (!args.budget.empty()) {
+      const Result<PolicyBudget> budget = ParsePolicyBudget(args.budget);
+      if (!budget.ok()) {
+        err << "hkv verify: --budget: " << budget.status().ToString() << "\n";
+        return 2;
+      }
+      sparse.budget = *budget;
+    }
+    options.sparse = sparse;
+  }
+  auto report = RunVerify(*model, options);
   if (!report.ok()) {
     err << "hkv verify: " << report.status().ToString() << "\n";
     return 2;
@@ -46,6 +71,7 @@ int RunVerifyCommand(const VerifyArgs& args, std::ostream& out, std::ostream& er
     j["steps"] = r.steps;
     j["completed"] = r.completed;
     j["mismatches"] = r.mismatches;
+    j["dense_mismatches"] = r.dense_mismatches;
     j["max_logit_diff"] = r.max_logit_diff;
     j["padded_block_tokens"] = r.padded_block_tokens;
     j["slabs_reclaimed"] = r.slabs_reclaimed;
@@ -61,7 +87,11 @@ int RunVerifyCommand(const VerifyArgs& args, std::ostream& out, std::ostream& er
                      {"drafts_rejected", f.drafts_rejected},
                      {"compactions", f.compactions},
                      {"pages_moved", f.pages_moved},
-                     {"slabs_compacted", f.slabs_compacted}};
+                     {"slabs_compacted", f.slabs_compacted},
+                     {"evictions", f.evictions},
+                     {"tokens_evicted", f.tokens_evicted},
+                     {"blocks_evicted", f.blocks_evicted},
+                     {"evictions_deferred", f.evictions_deferred}};
     out << j.dump(2) << "\n";
   } else {
     out << fmt::format("hkv verify: {} (scaled)\n", r.model);
@@ -76,6 +106,13 @@ int RunVerifyCommand(const VerifyArgs& args, std::ostream& out, std::ostream& er
         f.prefix_hit_tokens, f.preemptions, f.forks, f.truncations, f.checkpoint_hits,
         f.window_blocks_freed, f.cross_attention_reuses, f.drafts_accepted, f.drafts_rejected,
         r.slabs_reclaimed, f.compactions, f.pages_moved, f.slabs_compacted);
+    if (options.sparse) {
+      out << fmt::format(
+          "  policy {}: evictions {}  tokens evicted {}  blocks evicted {}  deferred {}\n"
+          "  (checked against attention masked to the kept tokens; {} differ from dense)\n",
+          PolicyKindName(options.sparse->policy.kind), f.evictions, f.tokens_evicted,
+          f.blocks_evicted, f.evictions_deferred, r.dense_mismatches);
+    }
     if (r.padded_block_tokens > 0) {
       out << fmt::format(
           "  shortest checkpoint hit {} tokens (a padded allocator's block: {} tokens)\n",

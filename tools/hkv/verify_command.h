@@ -3,7 +3,9 @@
 // Contract: AddVerifyCommand registers `verify`; RunVerifyCommand loads CONFIG, runs the
 // randomised workload through the engine and the dense reference, prints per-feature counts and
 // mismatches (a table, or JSON with --json) to `out`, and returns 0 only when every request
-// finished with no mismatch; 1 on a mismatch or an unfinished workload, 2 on bad input.
+// finished with no mismatch; 1 on a mismatch or an unfinished workload, 2 on bad input. With
+// --policy (and --budget) the engine evicts by a sparse-KV policy and every sequence is checked
+// against attention masked to what each layer kept.
 #pragma once
 
 #include <iosfwd>
@@ -19,6 +21,10 @@ struct VerifyArgs {
   std::string config;
   VerifyOptions options;
   bool json = false;
+  // Sparse KV: a policy on every full-attention layer and its budget (docs/policy.md); the run
+  // is then checked against the masked reference.
+  std::string policy;
+  std::string budget;
 };
 
 CLI::App* AddVerifyCommand(CLI::App& app, VerifyArgs& args);
