@@ -11,9 +11,11 @@
 #include <list>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include <hkv/common/result.h>
+#include <hkv/connector/tier.h>
 #include <hkv/pool/block_hash.h>
 
 namespace hkv {
@@ -62,6 +64,24 @@ class TierIndex {
   int64_t used_ = 0;
   std::unordered_map<PrefixKey, Entry, PrefixKeyHash> entries_;
   std::list<PrefixKey> lru_;  // least recently used first
+};
+
+// What a tier built on a TierIndex answers from the index alone; the tier adds where the bytes
+// live (Put, Get, Evict).
+class IndexedTier : public Tier {
+ public:
+  bool Contains(const PrefixKey& key) const final { return index_.Contains(key); }
+  Status Pin(const PrefixKey& key) final { return index_.Pin(key); }
+  Status Unpin(const PrefixKey& key) final { return index_.Unpin(key); }
+  int64_t capacity_bytes() const final { return index_.capacity_bytes(); }
+  int64_t used_bytes() const final { return index_.used_bytes(); }
+  std::vector<PrefixKey> LruOrder() const final { return index_.LruOrder(); }
+
+ protected:
+  IndexedTier(std::string tier_name, int64_t capacity_bytes)
+      : index_(std::move(tier_name), capacity_bytes) {}
+
+  TierIndex index_;
 };
 
 }  // namespace hkv
