@@ -65,12 +65,12 @@ TEST(DiskTierTest, DamagedFilesAreMissesAndForgotten) {
   DiskTier tier = MustOpen(tmp.path(), 10000);
   int64_t expected = 0;
   for (testing::Damage d : testing::kDamages) {
-    // Every byte position of a header and some of the payload, for the flips.
-    for (uint64_t at = 0; at < (d == testing::Damage::kFlipByte ? 80u : 3u); ++at) {
+    // Flips: every byte of the 48 + 64 byte file (37 is prime to 112, so at * 37 visits each).
+    for (uint64_t at = 0; at < (d == testing::Damage::kFlipByte ? 112u : 3u); ++at) {
       ASSERT_TRUE(tier.Put(K(1), Bytes(64, 7)).ok());
       ASSERT_TRUE(tier.Put(K(2), Bytes(64, 8)).ok());
       ASSERT_TRUE(tier.Pin(K(1)).ok());  // damage wins over a pin: the bytes are gone
-      testing::DamageFile(tier.PathOf(K(1)), d, at * 29);
+      testing::DamageFile(tier.PathOf(K(1)), d, at * 37);
       EXPECT_TRUE(tier.Contains(K(1)));  // found by the Get that reads it
       Result<std::vector<unsigned char>> got = tier.Get(K(1));
       ASSERT_FALSE(got.ok()) << static_cast<int>(d) << " at " << at;
