@@ -6,11 +6,15 @@
 
 #include <hkv/connector/block_stream.h>
 
-#define XXH_INLINE_ALL
-#include <xxhash.h>
+#include "checked_format.h"
 
 namespace hkv {
 namespace {
+
+using connector_format::Get32;
+using connector_format::Get64;
+using connector_format::Put32;
+using connector_format::Put64;
 
 // "hkvblks" and a zero byte, read as a little-endian integer.
 constexpr uint64_t kMagic = 0x00736b6c62766b68ull;
@@ -21,30 +25,9 @@ constexpr uint32_t kHasKey = 1, kCheckpoint = 2;
 // Export copies and hashes a chunk at a time so the hash reads bytes still in cache.
 constexpr int64_t kChunk = int64_t{128} << 10;
 
-void Put32(unsigned char* p, uint32_t v) {
-  for (int i = 0; i < 4; ++i)
-    p[i] = static_cast<unsigned char>(v >> (8 * i));
-}
-void Put64(unsigned char* p, uint64_t v) {
-  for (int i = 0; i < 8; ++i)
-    p[i] = static_cast<unsigned char>(v >> (8 * i));
-}
-uint32_t Get32(const unsigned char* p) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; ++i)
-    v |= static_cast<uint32_t>(p[i]) << (8 * i);
-  return v;
-}
-uint64_t Get64(const unsigned char* p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i)
-    v |= static_cast<uint64_t>(p[i]) << (8 * i);
-  return v;
-}
-
 // The header's own digest seeds the image's, so one checksum covers both.
 uint64_t HeaderSeed(const unsigned char* header) {
-  return XXH3_64bits(header, kChecksumAt);
+  return connector_format::HeaderSeed({header, static_cast<size_t>(kChecksumAt)});
 }
 
 Status CheckExport(const BlockMemoryView& view, std::span<const ExportBlock> blocks) {
