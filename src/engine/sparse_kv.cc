@@ -141,9 +141,9 @@ Status Engine::FinishSparse(Live& r, int64_t begin, int64_t end) {
     for (size_t i = 0; i < n; ++i) {
       if (sparse_layers_[i].group != g) continue;
       SparseLayerState& s = r.sparse[i];
-      const std::vector<int64_t>& pos = step_positions_[i];
+      std::vector<int64_t>& pos = step_positions_[i];
       if (!evicted) {
-        s.kept = pos;
+        s.kept.swap(pos);  // the step's view is done with; PrepareSparse refills it
         continue;
       }
       s.policy->Compact(step_keep_[i]);

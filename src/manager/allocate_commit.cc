@@ -43,6 +43,25 @@ void KvCacheManager::Impl::PlanSnapshots(const Request& r, int64_t begin, int64_
   out.erase(std::unique(out.begin(), out.end()), out.end());
 }
 
+Status KvCacheManager::Impl::ReserveBlocks() {
+  if (arena.num_slabs() > 0) {
+    // Two-level memory: move slabs so every pool can allocate its need (nothing moves when it
+    // cannot); the caller then only draws from the pools.
+    const Status reserved = arena.Reserve(pools, need, hit_keep);
+    // Anything but a shortage means the manager passed the arena bad pools or keeps: a bug,
+    // not a reason for the engine to preempt.
+    if (reserved.code() != StatusCode::kResourceExhausted) Must(reserved);
+    return reserved;
+  }
+  for (size_t p = 0; p < pools.size(); ++p) {
+    if (need[p] > pools[p].num_free()) {
+      return Status::ResourceExhausted(
+          fmt::format("pool {} needs {} free blocks, has {}", p, need[p], pools[p].num_free()));
+    }
+  }
+  return Status::Ok();
+}
+
 Status KvCacheManager::Impl::Allocate(Request& r, int64_t num_new, const PrefixHit& hit,
                                       int64_t lookahead) {
   if (r.step_open) {
@@ -170,26 +189,11 @@ Status KvCacheManager::Impl::Allocate(Request& r, int64_t num_new, const PrefixH
     return Status::Ok();
   };
   const auto fit = [&]() -> Status {
-    if (arena.num_slabs() > 0) {
-      // Two-level memory: move slabs so every pool can allocate its need (nothing moves when it
-      // cannot); the Apply step below then only draws from the pools.
-      const Status reserved = arena.Reserve(pools, need, hit_keep);
-      // Anything but a shortage means the manager passed the arena bad pools or keeps: a bug,
-      // not a reason for the engine to preempt.
-      if (reserved.code() != StatusCode::kResourceExhausted) Must(reserved);
-      if (reserved.ok()) return reserved;
-      return Status::ResourceExhausted(
-          fmt::format("allocate: request {}: positions [{}, {}) need {} block(s) per pool: {}",
-                      r.id, begin, end + lookahead, fmt::join(need, "/"), reserved.message()));
-    }
-    for (size_t p = 0; p < pools.size(); ++p) {
-      if (need[p] > pools[p].num_free()) {
-        return Status::ResourceExhausted(fmt::format(
-            "allocate: request {}: pool {} needs {} free blocks for positions [{}, {}), has {}",
-            r.id, p, need[p], begin, end + lookahead, pools[p].num_free()));
-      }
-    }
-    return Status::Ok();
+    const Status reserved = ReserveBlocks();
+    if (reserved.ok()) return reserved;
+    return Status::ResourceExhausted(
+        fmt::format("allocate: request {}: positions [{}, {}) need {} block(s) per pool: {}", r.id,
+                    begin, end + lookahead, fmt::join(need, "/"), reserved.message()));
   };
   HKV_RETURN_IF_ERROR(plan());
   Status fits = fit();

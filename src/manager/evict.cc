@@ -56,24 +56,15 @@ Result<EvictResult> KvCacheManager::Impl::Evict(Request& r, int32_t g, int64_t k
     }
   }
   if (replace > 0) {
-    if (arena.num_slabs() > 0) {
-      std::fill(need.begin(), need.end(), 0);
-      need[static_cast<size_t>(gc.pool)] = replace;
-      hit_keep.clear();
-      const Status reserved = arena.Reserve(pools, need, hit_keep);
-      if (reserved.code() != StatusCode::kResourceExhausted) Must(reserved);
-      if (!reserved.ok()) {
-        ++stats.allocations_failed;
-        return Status::ResourceExhausted(fmt::format(
-            "evict: request {} group {}: {} private block(s) needed for the kept tokens: {}", r.id,
-            g, replace, reserved.message()));
-      }
-    } else if (replace > bp.num_free()) {
+    std::fill(need.begin(), need.end(), 0);
+    need[static_cast<size_t>(gc.pool)] = replace;
+    hit_keep.clear();
+    const Status reserved = ReserveBlocks();
+    if (!reserved.ok()) {
       ++stats.allocations_failed;
-      return Status::ResourceExhausted(
-          fmt::format("evict: request {} group {}: {} private block(s) needed for the kept tokens, "
-                      "pool {} has {} free",
-                      r.id, g, replace, gc.pool, bp.num_free()));
+      return Status::ResourceExhausted(fmt::format(
+          "evict: request {} group {}: {} private block(s) needed for the kept tokens: {}", r.id, g,
+          replace, reserved.message()));
     }
   }
 

@@ -168,6 +168,11 @@ struct KvCacheManager::Impl {
   int64_t TruncateFixedPoint(const Request& r, int64_t x, int64_t new_known) const;
   bool EncoderCached(const Request& r) const;
 
+  // Whether every pool can supply `need` (per pool) while keeping `hit_keep`; with two-level
+  // memory, moves slabs so that it can (nothing moves when it cannot). kResourceExhausted
+  // naming the short pool otherwise.
+  Status ReserveBlocks();
+
   // Block movement. Release sorts blocks by whether they carry an identity: those without go to
   // the free-list head, the rest follow the request's retention.
   void Release(int32_t pool, std::span<const int32_t> blocks, Retention retention);

@@ -46,19 +46,7 @@ class Knorm final : public KvPolicy {
 
   void Select(std::span<const int64_t> positions, int64_t budget,
               std::vector<int32_t>& keep) const override {
-    const size_t n = positions.size();
-    if (static_cast<int64_t>(n) <= budget) {
-      KeepAll(n, keep);
-      return;
-    }
-    thread_local std::vector<float> score;
-    thread_local std::vector<uint8_t> forced;
-    Scores(positions, score);
-    forced.assign(n, 0);
-    const auto recent = static_cast<size_t>(std::clamp<int64_t>(recent_, 0, budget));
-    for (size_t i = n - recent; i < n; ++i)
-      forced[i] = 1;
-    KeepTop(score, positions, forced, budget, keep);
+    KeepRecentAndTop(*this, positions, recent_, budget, keep);
   }
 
   void Compact(std::span<const int32_t> keep) override { CompactRows(norm_, 1, keep); }

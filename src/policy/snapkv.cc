@@ -50,13 +50,11 @@ class SnapKv final : public KvPolicy {
       KeepAll(n, keep);
       return;
     }
-    std::vector<uint8_t> forced(n, 0);
     const size_t window = std::min<size_t>(static_cast<size_t>(window_), prompt);
-    for (size_t i = prompt - window; i < n; ++i)
-      forced[i] = 1;  // the observation window and everything after the prompt
-    std::vector<float> score;
+    thread_local std::vector<float> score;
     Scores(positions, score);
-    KeepTop(score, positions, forced, budget + static_cast<int64_t>(n - prompt), keep);
+    // Forced: the observation window and everything after the prompt.
+    KeepTop(score, positions, prompt - window, budget + static_cast<int64_t>(n - prompt), keep);
   }
 
   void Compact(std::span<const int32_t> keep) override { CompactRows(pooled_, 1, keep); }

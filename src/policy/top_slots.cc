@@ -26,25 +26,17 @@ void KeepAll(size_t n, std::vector<int32_t>& keep) {
     keep.push_back(static_cast<int32_t>(i));
 }
 
-void KeepTop(std::span<const float> score, std::span<const int64_t> positions,
-             std::span<const uint8_t> forced, int64_t budget, std::vector<int32_t>& keep) {
+void KeepTop(std::span<const float> score, std::span<const int64_t> positions, size_t forced_from,
+             int64_t budget, std::vector<int32_t>& keep) {
   // Scratch kept per thread: Select runs every decode step on every layer, and is const.
   thread_local std::vector<int32_t> rest;
   thread_local std::vector<uint8_t> chosen;
   const size_t n = positions.size();
-  rest.clear();
-  chosen.assign(n, 0);
-  size_t forced_count = 0;
-  for (size_t i = 0; i < n; ++i) {
-    if (forced[i] != 0) {
-      chosen[i] = 1;
-      ++forced_count;
-    } else {
-      rest.push_back(static_cast<int32_t>(i));
-    }
-  }
+  forced_from = std::min(forced_from, n);
+  rest.resize(forced_from);
+  std::iota(rest.begin(), rest.end(), 0);
   const auto room =
-      static_cast<size_t>(std::max<int64_t>(0, budget - static_cast<int64_t>(forced_count)));
+      static_cast<size_t>(std::max<int64_t>(0, budget - static_cast<int64_t>(n - forced_from)));
   if (room < rest.size()) {
     // NaN ranks lowest, so the order stays a strict weak ordering whatever the weights.
     const auto key = [&](int32_t i) {
@@ -60,12 +52,28 @@ void KeepTop(std::span<const float> score, std::span<const int64_t> positions,
                      better);
     rest.resize(room);
   }
+  // Ascending by a scan rather than a sort of the kept slots.
+  chosen.assign(forced_from, 0);
   for (int32_t i : rest)
     chosen[static_cast<size_t>(i)] = 1;
-  // Ascending by a scan rather than a sort of the kept slots.
-  for (size_t i = 0; i < n; ++i) {
+  for (size_t i = 0; i < forced_from; ++i) {
     if (chosen[i] != 0) keep.push_back(static_cast<int32_t>(i));
   }
+  for (size_t i = forced_from; i < n; ++i)
+    keep.push_back(static_cast<int32_t>(i));
+}
+
+void KeepRecentAndTop(const KvPolicy& policy, std::span<const int64_t> positions, int64_t recent,
+                      int64_t budget, std::vector<int32_t>& keep) {
+  const size_t n = positions.size();
+  if (static_cast<int64_t>(n) <= budget) {
+    KeepAll(n, keep);
+    return;
+  }
+  thread_local std::vector<float> score;
+  policy.Scores(positions, score);
+  const auto tail = static_cast<size_t>(std::clamp<int64_t>(recent, 0, budget));
+  KeepTop(score, positions, n - tail, budget, keep);
 }
 
 }  // namespace hkv::policy_internal

@@ -14,10 +14,16 @@ namespace hkv::policy_internal {
 // `out` untouched, when the step carried no weights for n slots.
 bool HeadMean(const AttentionFeedback& fb, size_t n, std::vector<float>& out);
 
-// Appends to `keep`, ascending: every slot with forced[i] != 0, then the highest-scoring others
-// until `budget` slots are kept (all forced ones are kept even beyond the budget).
-void KeepTop(std::span<const float> score, std::span<const int64_t> positions,
-             std::span<const uint8_t> forced, int64_t budget, std::vector<int32_t>& keep);
+// Appends to `keep`, ascending: every slot from `forced_from` on (the policies force a recent
+// tail; kept even beyond the budget), then the highest-scoring earlier slots until `budget` slots
+// are kept.
+void KeepTop(std::span<const float> score, std::span<const int64_t> positions, size_t forced_from,
+             int64_t budget, std::vector<int32_t>& keep);
+
+// The Select of the score-ranked policies (h2o, tova, knorm): everything within the budget,
+// else the `recent` newest slots plus the best of the rest by policy.Scores().
+void KeepRecentAndTop(const KvPolicy& policy, std::span<const int64_t> positions, int64_t recent,
+                      int64_t budget, std::vector<int32_t>& keep);
 
 // Appends 0..n-1 to `keep`.
 void KeepAll(size_t n, std::vector<int32_t>& keep);

@@ -18,11 +18,7 @@ class Tova final : public KvPolicy {
 
   void Select(std::span<const int64_t> positions, int64_t budget,
               std::vector<int32_t>& keep) const override {
-    thread_local std::vector<float> score;
-    thread_local std::vector<uint8_t> forced;
-    Scores(positions, score);
-    forced.assign(positions.size(), 0);
-    KeepTop(score, positions, forced, budget, keep);
+    KeepRecentAndTop(*this, positions, 0, budget, keep);
   }
 
   void Compact(std::span<const int32_t> keep) override { CompactRows(last_, 1, keep); }
