@@ -9,6 +9,12 @@
 
 namespace hkv {
 
+namespace {
+// Marks a hit block that the first Allocate loads from an external store (no block id is 0 in
+// a token table that a hit fills: 0 is the null block, which is never a hit).
+constexpr int32_t kLoad = -1;
+}  // namespace
+
 // Positions in [begin, end) after which the step must copy the recurrent state aside:
 // - checkpoints strictly inside the step (known, aligned, an interval multiple or the prompt end);
 // - the last aligned known position inside the step, when the step does not itself end on one,
@@ -64,6 +70,11 @@ Status KvCacheManager::Impl::ReserveBlocks() {
 
 Status KvCacheManager::Impl::Allocate(Request& r, int64_t num_new, const PrefixHit& hit,
                                       int64_t lookahead) {
+  if (!r.loads.empty()) {
+    return Status::FailedPrecondition(fmt::format(
+        "allocate: request {} has {} block(s) loading for its first step; call FinishLoad first",
+        r.id, r.loads.size()));
+  }
   if (r.step_open) {
     return Status::FailedPrecondition(
         fmt::format("allocate: request {} already has an open step [{}, {}); commit it first", r.id,
@@ -77,16 +88,18 @@ Status KvCacheManager::Impl::Allocate(Request& r, int64_t num_new, const PrefixH
     return Status::InvalidArgument(
         fmt::format("allocate: request {}: negative lookahead {}", r.id, lookahead));
   }
-  if (r.started && (hit.tokens != 0 || hit.encoder)) {
+  if (r.started && (hit.tokens != 0 || hit.encoder || hit.loads != 0)) {
     return Status::FailedPrecondition(fmt::format(
         "allocate: request {}: a prefix hit can only be passed to the first Allocate", r.id));
   }
   if (!r.started) {
-    if (hit.tokens < 0 || hit.tokens % align != 0 ||
-        (hit.tokens > 0 && !config.enable_prefix_caching)) {
+    if (hit.tokens < 0 || hit.tokens % align != 0 || hit.loads < 0 ||
+        (hit.loads > 0 && hit.tokens == 0) || (hit.tokens > 0 && !config.enable_prefix_caching)) {
       return Status::InvalidArgument(fmt::format(
-          "allocate: request {}: hit of {} tokens is not one Lookup could return (alignment {}{})",
-          r.id, hit.tokens, align, config.enable_prefix_caching ? "" : ", prefix caching off"));
+          "allocate: request {}: hit of {} tokens with {} load(s) is not one Lookup could return "
+          "(alignment {}{})",
+          r.id, hit.tokens, hit.loads, align,
+          config.enable_prefix_caching ? "" : ", prefix caching off"));
     }
     if (hit.tokens > 0 && hit.tokens > r.known() - 1) {
       return Status::FailedPrecondition(fmt::format(
@@ -122,10 +135,20 @@ Status KvCacheManager::Impl::Allocate(Request& r, int64_t num_new, const PrefixH
         "again",
         r.id, what));
   };
+  // A hit block missing from the pools is loaded from the external store, as many as the hit
+  // planned: a block evicted since Lookup makes the hit stale, as without a store.
+  int32_t planned_loads = 0;
+  const auto load = [&](int64_t& n) {
+    if (++planned_loads > hit.loads) return false;
+    ++n;
+    hit_blocks.push_back(kLoad);
+    return true;
+  };
   const auto plan = [&]() -> Status {
     std::fill(need.begin(), need.end(), 0);
     hit_blocks.clear();
     hit_keep.clear();
+    planned_loads = 0;
     for (size_t gi = 0; gi < config.groups.size(); ++gi) {
       const auto g = static_cast<int32_t>(gi);
       const GroupConfig& gc = config.groups[gi];
@@ -140,7 +163,10 @@ Status KvCacheManager::Impl::Allocate(Request& r, int64_t num_new, const PrefixH
           for (int64_t j = 0; j < nb.hi; ++j) {
             if (j >= nb.sinks && j < nb.lo) continue;
             const int32_t b = bp.Find(TokenKey(r, g, j));
-            if (b < 0) return stale("a KV block");
+            if (b < 0) {
+              if (!load(n)) return stale("a KV block");
+              continue;
+            }
             if (bp.ref_count(b) == 0) {
               ++n;
               hit_keep.push_back({gc.pool, b});
@@ -174,12 +200,15 @@ Status KvCacheManager::Impl::Allocate(Request& r, int64_t num_new, const PrefixH
       } else if (gc.is_state()) {
         if (!r.started && begin > 0) {
           const int32_t b = bp.Find(StateKey(r, g, begin));
-          if (b < 0) return stale("a recurrent checkpoint");
-          if (bp.ref_count(b) == 0) {
-            ++n;
-            hit_keep.push_back({gc.pool, b});
+          if (b < 0) {
+            if (!load(n)) return stale("a recurrent checkpoint");
+          } else {
+            if (bp.ref_count(b) == 0) {
+              ++n;
+              hit_keep.push_back({gc.pool, b});
+            }
+            hit_blocks.push_back(b);
           }
-          hit_blocks.push_back(b);
         }
         const bool in_place = r.started && gs.live != BlockPool::kNullBlock &&
                               bp.ref_count(gs.live) == 1 && !bp.has_identity(gs.live);
@@ -223,6 +252,8 @@ Status KvCacheManager::Impl::Allocate(Request& r, int64_t num_new, const PrefixH
   // them; copy sources and stale snapshots are released last for the same reason.
   if (!r.started) {
     size_t k = 0;
+    r.loads.clear();
+    load_index.clear();
     for (size_t gi = 0; gi < config.groups.size(); ++gi) {
       const auto g = static_cast<int32_t>(gi);
       const GroupConfig& gc = config.groups[gi];
@@ -233,6 +264,11 @@ Status KvCacheManager::Impl::Allocate(Request& r, int64_t num_new, const PrefixH
         for (int64_t j = 0; j < nb.hi; ++j) {
           if (j >= nb.sinks && j < nb.lo) continue;
           const int32_t b = hit_blocks[k++];
+          if (b == kLoad) {
+            r.loads.push_back({g, gc.pool, BlockPool::kNullBlock, TokenKey(r, g, j), false});
+            load_index.push_back(j);
+            continue;
+          }
           AcquireHeld(gc.pool, b);
           gs.table[static_cast<size_t>(j)] = b;
         }
@@ -247,8 +283,26 @@ Status KvCacheManager::Impl::Allocate(Request& r, int64_t num_new, const PrefixH
         }
       } else if (gc.is_state() && begin > 0) {
         const int32_t b = hit_blocks[k++];
+        if (b == kLoad) {
+          r.loads.push_back({g, gc.pool, BlockPool::kNullBlock, StateKey(r, g, begin), true});
+          load_index.push_back(-1);
+          continue;
+        }
         AcquireHeld(gc.pool, b);
         gs.live = b;
+      }
+    }
+    // Load targets come after every hit block is held, so allocating them cannot evict one.
+    for (size_t i = 0; i < r.loads.size(); ++i) {
+      BlockLoad& l = r.loads[i];
+      fresh.clear();
+      Must(pools[static_cast<size_t>(l.pool)].Allocate(1, fresh));
+      l.block = fresh[0];
+      GroupState& gs = r.groups[static_cast<size_t>(l.group)];
+      if (load_index[i] >= 0) {
+        gs.table[static_cast<size_t>(load_index[i])] = l.block;
+      } else {
+        gs.live = l.block;
       }
     }
     r.encoder_ready = hit.encoder;
@@ -372,6 +426,11 @@ void KvCacheManager::Impl::UndoGiveBack() {
 }
 
 Status KvCacheManager::Impl::Commit(Request& r, int64_t c) {
+  if (!r.loads.empty()) {
+    return Status::FailedPrecondition(fmt::format(
+        "commit: request {}: {} block(s) of its hit are still loading; call FinishLoad first", r.id,
+        r.loads.size()));
+  }
   if (!r.step_open) {
     return Status::FailedPrecondition(
         fmt::format("commit: request {} has no open step (call Allocate first)", r.id));

@@ -63,7 +63,7 @@ int64_t KvCacheManager::Impl::LookupFixedPoint(const Request& r, int64_t cap,
           if (m < 0) {
             const int64_t limit = cap / gc.block_tokens;
             m = 0;
-            while (m < limit && bp.Find(TokenKey(r, g, m)) >= 0)
+            while (m < limit && Available(bp, TokenKey(r, g, m)))
               ++m;
           }
           x = std::min(x, FloorTo(m * gc.block_tokens, align));
@@ -73,11 +73,11 @@ int64_t KvCacheManager::Impl::LookupFixedPoint(const Request& r, int64_t cap,
         case TokenRuleKind::kChunk:
           x = ScanDown(
               gc.block_tokens, x, align, [&](int64_t at) { return Needed(g, at); },
-              [&](int64_t j) { return bp.Find(TokenKey(r, g, j)) >= 0; });
+              [&](int64_t j) { return Available(bp, TokenKey(r, g, j)); });
           break;
         case TokenRuleKind::kState:
           if (token_groups_only) break;
-          while (x > 0 && bp.Find(StateKey(r, g, x)) < 0)
+          while (x > 0 && !Available(bp, StateKey(r, g, x)))
             x -= align;
           break;
         case TokenRuleKind::kEncoder:
@@ -87,6 +87,25 @@ int64_t KvCacheManager::Impl::LookupFixedPoint(const Request& r, int64_t cap,
     }
     if (x == before || x == 0) return x;
   }
+}
+
+int32_t KvCacheManager::Impl::CountLoads(const Request& r, int64_t tokens) const {
+  if (tokens <= 0) return 0;
+  int32_t loads = 0;
+  for (size_t gi = 0; gi < config.groups.size(); ++gi) {
+    const auto g = static_cast<int32_t>(gi);
+    const GroupConfig& gc = config.groups[gi];
+    const BlockPool& bp = pools[static_cast<size_t>(gc.pool)];
+    if (IsDecoderTokens(gc)) {
+      const NeededBlocks nb = Needed(g, tokens);
+      for (int64_t j = 0; j < nb.hi; ++j) {
+        if ((j < nb.sinks || j >= nb.lo) && bp.Find(TokenKey(r, g, j)) < 0) ++loads;
+      }
+    } else if (gc.is_state() && bp.Find(StateKey(r, g, tokens)) < 0) {
+      ++loads;
+    }
+  }
+  return loads;
 }
 
 int64_t KvCacheManager::Impl::DivergenceOf(const Request& r, int64_t hit) {

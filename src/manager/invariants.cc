@@ -1,5 +1,7 @@
 // CheckInvariants: recounts every reference from the requests' own records and compares them with
 // the pools, then checks each request's tables against what its groups must keep.
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "manager_impl.h"
@@ -28,6 +30,21 @@ Status KvCacheManager::Impl::CheckInvariants() const {
     if (r.step_open && (r.step_begin != r.computed || r.step_end > r.reserved)) {
       return fail(fmt::format("open step [{}, {}) vs computed {} reserved {}", r.step_begin,
                               r.step_end, r.computed, r.reserved));
+    }
+    if (!r.loads.empty() && (!r.step_open || r.step_begin == 0)) {
+      return fail(fmt::format("{} loads pending outside a hit's first step", r.loads.size()));
+    }
+    for (const BlockLoad& l : r.loads) {
+      // A load target is the request's own, in its place, and unpublished until FinishLoad.
+      const GroupState& gs = r.groups[static_cast<size_t>(l.group)];
+      const BlockPool& bp = pools[static_cast<size_t>(l.pool)];
+      const bool placed =
+          l.state ? gs.live == l.block
+                  : std::find(gs.table.begin(), gs.table.end(), l.block) != gs.table.end();
+      if (!placed || bp.has_identity(l.block) || bp.ref_count(l.block) != 1) {
+        return fail(fmt::format("load target block {} of group {} is not a private block it holds",
+                                l.block, l.group));
+      }
     }
     for (size_t gi = 0; gi < config.groups.size(); ++gi) {
       const auto g = static_cast<int32_t>(gi);

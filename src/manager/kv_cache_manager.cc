@@ -356,27 +356,40 @@ Status KvCacheManager::AddRequest(const RequestSpec& spec) {
 }
 
 Result<PrefixHit> KvCacheManager::Lookup(RequestId id) {
-  Impl& m = *impl_;
-  const Request* r = m.Find(id);
-  if (r == nullptr) return m.Unknown("lookup", id);
+  return impl_->Lookup(id, nullptr);
+}
+
+Result<PrefixHit> KvCacheManager::Lookup(RequestId id, const ExternalBlocks& external) {
+  return impl_->Lookup(id, &external);
+}
+
+Result<PrefixHit> KvCacheManager::Impl::Lookup(RequestId id, const ExternalBlocks* ext) {
+  const Request* r = Find(id);
+  if (r == nullptr) return Unknown("lookup", id);
   if (r->started) {
     return Status::FailedPrecondition(fmt::format(
         "lookup: request {} has already allocated; a hit can only be taken before", id));
   }
   PrefixHit hit;
-  ++m.stats.lookups;
-  m.stats.lookup_tokens += r->known();
-  if (m.config.enable_prefix_caching) {
-    int64_t x = m.LookupFixedPoint(*r, r->known() - 1);
-    if (m.config.drop_last_hit_block && x > 0) x = m.LookupFixedPoint(*r, x - 1);
+  ++stats.lookups;
+  stats.lookup_tokens += r->known();
+  if (config.enable_prefix_caching) {
+    external = ext;
+    int64_t x = LookupFixedPoint(*r, r->known() - 1);
+    if (config.drop_last_hit_block && x > 0) x = LookupFixedPoint(*r, x - 1);
+    external = nullptr;
     hit.tokens = x;
-    if (m.has_encoder) {
-      ++m.stats.encoder_lookups;
-      hit.encoder = m.EncoderCached(*r);
-      if (hit.encoder) ++m.stats.encoder_hits;
+    if (ext != nullptr) {
+      hit.loads = CountLoads(*r, x);
+      if (hit.loads > 0) stats.external_hit_tokens += x;
+    }
+    if (has_encoder) {
+      ++stats.encoder_lookups;
+      hit.encoder = EncoderCached(*r);
+      if (hit.encoder) ++stats.encoder_hits;
     }
   }
-  m.stats.hit_tokens += hit.tokens;
+  stats.hit_tokens += hit.tokens;
   return hit;
 }
 
@@ -440,6 +453,28 @@ Status KvCacheManager::Free(RequestId id) {
   return Status::Ok();
 }
 
+Status KvCacheManager::FinishLoad(RequestId id, bool loaded) {
+  Impl& m = *impl_;
+  Request* r = m.Find(id);
+  if (r == nullptr) return m.Unknown("finish load", id);
+  if (r->loads.empty()) {
+    return Status::FailedPrecondition(fmt::format(
+        "finish load: request {} has no loads pending (only the first Allocate of a hit with "
+        "external blocks has)",
+        id));
+  }
+  if (!loaded) {
+    ++m.stats.loads_failed;
+    m.AbandonStart(*r);
+    return Status::Ok();
+  }
+  for (const BlockLoad& l : r->loads)
+    m.PublishBlock(l.pool, l.block, l.key);
+  m.stats.blocks_loaded += static_cast<int64_t>(r->loads.size());
+  r->loads.clear();
+  return Status::Ok();
+}
+
 Status KvCacheManager::ResetPrefixCache() {
   Impl& m = *impl_;
   for (size_t p = 0; p < m.pools.size(); ++p) {
@@ -470,6 +505,7 @@ Result<StepInfo> KvCacheManager::Step(RequestId id) const {
   s.reserved_end = r->reserved;
   s.run_encoder = impl_->has_encoder && !r->encoder_ready;
   s.copies = r->copies;
+  s.loads = r->loads;
   return s;
 }
 

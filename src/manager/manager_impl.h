@@ -79,6 +79,9 @@ struct Request {
   bool encoder_ready = false;  // the encoder's blocks hold its KV
   int64_t step_begin = 0, step_end = 0;
   std::vector<BlockCopy> copies;
+  // First step of a hit with external blocks, until FinishLoad: the blocks to fill. Each is in
+  // the group's table (token groups) or is its live state (state groups), and has no identity.
+  std::vector<BlockLoad> loads;
   std::vector<GroupState> groups;
 
   int64_t known() const { return static_cast<int64_t>(tokens.size()); }
@@ -152,7 +155,13 @@ struct KvCacheManager::Impl {
                                    int64_t rolling_position);
   manager_internal::NeededBlocks Needed(int32_t group, int64_t x) const;
 
-  // Hit search (hit_search.cc).
+  // Hit search (hit_search.cc). A block is available when the pool caches it or, during
+  // Lookup(id, external), when `external` has it.
+  bool Available(const BlockPool& bp, const PrefixKey& key) const {
+    return bp.Find(key) >= 0 || (external != nullptr && external->Has(key));
+  }
+  // Blocks a hit of `tokens` needs that the pools do not cache (hit.loads).
+  int32_t CountLoads(const Request& r, int64_t tokens) const;
   int64_t LookupFixedPoint(const Request& r, int64_t cap, bool token_groups_only = false);
   int64_t DivergenceOf(const Request& r, int64_t hit);
   // Request::window_branch for a request about to take `hit` (before it acquires anything); 0
@@ -183,6 +192,7 @@ struct KvCacheManager::Impl {
                      std::vector<int64_t>& out) const;
 
   // Operations split across files.
+  Result<PrefixHit> Lookup(RequestId id, const ExternalBlocks* ext);
   Status Allocate(Request& r, int64_t num_new, const PrefixHit& hit, int64_t lookahead);
   Status Commit(Request& r, int64_t computed);
   Result<TruncateResult> Truncate(Request& r, int64_t n);
@@ -190,6 +200,8 @@ struct KvCacheManager::Impl {
                             int64_t unchanged);  // evict.cc
   Status Fork(const Request& parent, RequestId child);
   void FreeRequest(Request& r);
+  // FinishLoad(id, false): releases everything the request acquired at its first Allocate.
+  void AbandonStart(Request& r);
   Result<CompactionResult> Compact(std::span<const int64_t> max_slabs_per_class);  // compaction.cc
   void ReleaseTokenBlocksCoherently(Request& r);
   Status CheckInvariants() const;
@@ -217,11 +229,14 @@ struct KvCacheManager::Impl {
   std::vector<int32_t> free_slots;
   manager_internal::RequestTable index;
   ManagerStats stats;
+  const ExternalBlocks* external = nullptr;  // set only inside Lookup(id, external)
 
   // Scratch buffers reused by every call, so steady state allocates nothing.
   std::vector<MultimodalItem> scratch_items;
   std::vector<int64_t> need;        // per pool
   std::vector<int32_t> hit_blocks;  // first Allocate: blocks to acquire, per group in order
+                                    // (kLoad: a block to load from an external store)
+  std::vector<int64_t> load_index;  // first Allocate: per load, its table index (-1: state)
   std::vector<int32_t> fresh;       // blocks from BlockPool::Allocate
   std::vector<int32_t> to_release;  // per pool batch
   std::vector<int32_t> release_low, release_normal;

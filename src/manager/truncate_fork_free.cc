@@ -230,8 +230,43 @@ void KvCacheManager::Impl::FreeRequest(Request& r) {
   r.items.clear();
   r.encoder_hashes.clear();
   r.copies.clear();
+  r.loads.clear();
   r.step_open = false;
   r.started = false;
+  r.divergence = 0;
+  r.window_branch = 0;
+  r.own_from = 0;
+  r.publish_until = Request::kNoLimit;
+}
+
+void KvCacheManager::Impl::AbandonStart(Request& r) {
+  // Only the first step's holdings exist: hit blocks (with identities, back to the cache), load
+  // targets and the step's own blocks (without, reused first). Nothing was published.
+  for (size_t gi = 0; gi < config.groups.size(); ++gi) {
+    const GroupConfig& gc = config.groups[gi];
+    GroupState& gs = r.groups[gi];
+    to_release.clear();
+    if (gc.is_state()) {
+      for (const StateSnapshot& s : gs.snaps)
+        to_release.push_back(s.slot);
+      if (r.step_open && gs.write != gs.live) to_release.push_back(gs.write);
+      to_release.push_back(gs.live);
+      std::erase(to_release, BlockPool::kNullBlock);
+    } else {
+      for (auto it = gs.table.rbegin(); it != gs.table.rend(); ++it) {
+        if (*it != BlockPool::kNullBlock) to_release.push_back(*it);
+      }
+    }
+    Release(gc.pool, to_release, r.retention);
+    gs.Clear();
+  }
+  r.copies.clear();
+  r.loads.clear();
+  r.computed = 0;
+  r.reserved = 0;
+  r.step_open = false;
+  r.started = false;
+  r.encoder_ready = false;
   r.divergence = 0;
   r.window_branch = 0;
   r.own_from = 0;

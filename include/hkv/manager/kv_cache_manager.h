@@ -34,6 +34,7 @@
 #include <vector>
 
 #include <hkv/common/result.h>
+#include <hkv/manager/external_blocks.h>
 #include <hkv/manager/manager_config.h>
 #include <hkv/manager/request.h>
 #include <hkv/pool/slab_arena.h>
@@ -74,6 +75,11 @@ struct ManagerStats {
   // Window/chunk blocks kept at branch points that Allocate gave back to the cache so that an
   // allocation short of blocks could succeed (not counted when it was refused anyway).
   int64_t branch_blocks_given_back = 0;
+  // External stores (Lookup with ExternalBlocks, FinishLoad): hit tokens that needed at least one
+  // external block, blocks loaded and published, loads that failed (their requests started over).
+  int64_t external_hit_tokens = 0;
+  int64_t blocks_loaded = 0;
+  int64_t loads_failed = 0;
 };
 
 class KvCacheManager {
@@ -91,6 +97,23 @@ class KvCacheManager {
   // align_tokens, at most prompt - 1 tokens so the last token is computed), and whether the
   // encoder's blocks are cached. Only before the request's first Allocate.
   Result<PrefixHit> Lookup(RequestId id);
+  // The same, counting a block as cached when it is in the pools or `external` has it: the hit
+  // is the longest prefix every group can continue from with blocks from either place, and
+  // hit.loads says how many of them must be loaded. The first Allocate with such a hit acquires
+  // the local blocks, gives every external one a fresh block (all-or-nothing with the rest of the
+  // step; the hit went stale if more blocks are missing locally than it planned to load) and lists
+  // them in StepInfo::loads. The engine fills them - asynchronously if it likes, running other
+  // requests meanwhile - and then calls FinishLoad before it runs the step. The blocks are
+  // published only then.
+  Result<PrefixHit> Lookup(RequestId id, const ExternalBlocks& external);
+  // Ends the loads of the request's first step. loaded: the blocks hold the external copies and
+  // are published; the step continues (run it, then Commit). Not loaded (a tier failed, data was
+  // corrupt): every block the request holds is released - the load targets without an identity,
+  // so nobody ever reads them - and the request is as it was after AddRequest: look it up again
+  // (without the failing store) and allocate; it recomputes what the load would have brought.
+  // kFailedPrecondition when the request has no loads pending. The caller must have stopped
+  // writing the blocks (a Free while loading releases them the same way).
+  Status FinishLoad(RequestId id, bool loaded);
   // Reserves slots for positions [computed, computed + num_new_tokens + lookahead) in every group
   // and opens a step over [computed, computed + num_new_tokens). The first call takes the hit
   // from Lookup (or {} for none) and sets computed = hit.tokens. Fails with kResourceExhausted

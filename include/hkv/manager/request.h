@@ -40,6 +40,20 @@ struct RequestSpec {
 struct PrefixHit {
   int64_t tokens = 0;    // decoder tokens [0, tokens) need not be computed
   bool encoder = false;  // the encoder's KV blocks are cached: the encoder need not run
+  // Blocks of the hit that are not in the pools but in an external store (Lookup with
+  // ExternalBlocks): the first Allocate gives each a fresh block to load into (StepInfo::loads).
+  int32_t loads = 0;
+};
+
+// Fill `block` of `group` (a block of pool `pool`) with the external store's copy of `key` - a
+// block of KV for every layer of the group, or a recurrent-state checkpoint when `state` - then
+// report completion with KvCacheManager::FinishLoad.
+struct BlockLoad {
+  int32_t group = 0;
+  int32_t pool = 0;
+  int32_t block = 0;
+  PrefixKey key;
+  bool state = false;
 };
 
 // Copy block `src` into block `dst` of `group` before this step's forward pass (copy-on-write
@@ -73,6 +87,9 @@ struct StepInfo {
   int64_t reserved_end = 0;  // KV slots exist for positions [.., reserved_end) (lookahead)
   bool run_encoder = false;  // the encoder's KV must be computed in this step
   std::span<const BlockCopy> copies;
+  // Before FinishLoad (first step of a hit with external blocks): blocks the engine must fill
+  // from the external store before the step's forward pass; empty afterwards.
+  std::span<const BlockLoad> loads;
 };
 
 struct TruncateResult {

@@ -1,0 +1,23 @@
+// ExternalBlocks: a store outside the manager's pools (a connector's host, disk or remote tier, or
+// blocks received from another process) that the manager may consult after a local miss.
+//
+// Contract: Has answers whether the store believes it can supply the block named by a prefix
+// identity, cheaply and without side effects; the manager asks it only inside
+// KvCacheManager::Lookup(id, external). A yes is a promise the store may fail to keep (a remote
+// server dies, a file turns out corrupt): the manager never publishes a loaded block before the
+// engine reports the load complete (FinishLoad), and a failed load returns the request to where
+// it was before its first Allocate, so a broken store costs a recomputation, never a wrong
+// output.
+#pragma once
+
+#include <hkv/pool/block_hash.h>
+
+namespace hkv {
+
+class ExternalBlocks {
+ public:
+  virtual ~ExternalBlocks() = default;
+  virtual bool Has(const PrefixKey& key) const = 0;
+};
+
+}  // namespace hkv
