@@ -89,6 +89,13 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& spec, const Mode
       new Engine(spec, weights, std::move(manager), std::move(cache), options));
   engine->sparse_layers_ = std::move(sparse_layers);
   engine->sparse_groups_ = std::move(sparse_groups);
+  if (options.offload) {
+    const std::vector<std::span<unsigned char>> buffers = engine->cache_.Buffers();
+    HKV_ASSIGN_OR_RETURN(BlockMemoryView view, BlockMemoryView::Create(plan, buffers));
+    engine->view_ = std::make_unique<BlockMemoryView>(std::move(view));
+    HKV_ASSIGN_OR_RETURN(engine->connector_,
+                         TierConnector::Create(*engine->view_, options.offload->tiers));
+  }
   return engine;
 }
 
@@ -142,11 +149,20 @@ Status Engine::Submit(const GenerationRequest& request) {
 }
 
 Status Engine::AfterManagerCall() {
-  return options_.poison_free_blocks ? cache_.PoisonFreeBlocks(*manager_) : Status::Ok();
+  if (options_.poison_free_blocks) HKV_RETURN_IF_ERROR(cache_.PoisonFreeBlocks(*manager_));
+  // Published blocks are exported now, before any later call can hand them out again.
+  if (connector_ && options_.offload->store) {
+    HKV_RETURN_IF_ERROR(connector_->Store(manager_->TakeEvents()));
+  }
+  return Status::Ok();
 }
 
 Status Engine::MaybeCompact() {
   if (!options_.compact || !manager_->config().arena.enabled()) return Status::Ok();
+  // A loading request's step is open (its blocks are being written): pages stay where they are.
+  if (std::any_of(running_.begin(), running_.end(), [](const auto& l) { return l->loading; })) {
+    return Status::Ok();
+  }
   const ArenaConfig& arena = manager_->config().arena;
   bool due = false;
   compact_limits_.assign(arena.pages_per_slab.size(), 0);
@@ -204,6 +220,10 @@ Status Engine::Preempt(const Live* victim) {
                          [&](const auto& p) { return p.get() == victim; });
   std::unique_ptr<Live> v = std::move(*it);
   running_.erase(it);
+  if (v->loading) {
+    connector_->Forget(v->seq.id);  // waits until nothing writes its blocks any more
+    v->loading = false;
+  }
   HKV_RETURN_IF_ERROR(manager_->Free(v->seq.id));
   HKV_RETURN_IF_ERROR(AfterManagerCall());
   v->started = false;
@@ -288,6 +308,49 @@ Result<bool> Engine::RunStep(Live& r, int64_t computed, int64_t n,
     }
   }
   if (hit.encoder) ++counters_.cross_attention_reuses;
+  if (hit.loads > 0) {
+    // The step runs once its blocks are in (Step polls the connector).
+    HKV_ASSIGN_OR_RETURN(const StepInfo step, manager_->Step(id));
+    HKV_RETURN_IF_ERROR(connector_->StartLoad(id, step.loads));
+    r.loading = true;
+    ++counters_.external_hits;
+    counters_.external_hit_tokens += hit.tokens;
+    return true;
+  }
+  HKV_RETURN_IF_ERROR(Execute(r, drafts).status());
+  return true;
+}
+
+Result<bool> Engine::EndLoad(Live& r, bool loaded) {
+  const RequestId id = r.seq.id;
+  connector_->Forget(id);
+  HKV_RETURN_IF_ERROR(manager_->FinishLoad(id, loaded));
+  HKV_RETURN_IF_ERROR(AfterManagerCall());
+  r.loading = false;
+  if (loaded) {
+    ++counters_.loads_completed;
+  } else {
+    ++counters_.loads_failed;
+    r.started = false;
+    r.local_only = true;
+  }
+  return loaded;
+}
+
+Status Engine::MaybeFinish(Live* r) {
+  if (static_cast<int64_t>(r->seq.tokens.size()) - r->seq.prompt_len < r->max_new_tokens ||
+      !r->prefilled) {
+    return Status::Ok();
+  }
+  HKV_RETURN_IF_ERROR(manager_->Free(r->seq.id));
+  HKV_RETURN_IF_ERROR(AfterManagerCall());
+  finished_.push_back(r->seq);
+  std::erase_if(running_, [&](const auto& p) { return p.get() == r; });
+  return Status::Ok();
+}
+
+Result<int64_t> Engine::Execute(Live& r, const std::vector<int32_t>& drafts) {
+  const RequestId id = r.seq.id;
   HKV_ASSIGN_OR_RETURN(const StepInfo step, manager_->Step(id));
   cache_.ApplyCopies(step.copies);
   HKV_ASSIGN_OR_RETURN(auto view, cache_.View(*manager_, id));
@@ -351,7 +414,7 @@ Result<bool> Engine::RunStep(Live& r, int64_t computed, int64_t n,
     r.prefilled = true;
     HKV_RETURN_IF_ERROR(FinishOrSample(r, row(commit_at - 1), commit_at - 1));
   }
-  return true;
+  return step.end - step.begin;
 }
 
 Status Engine::Step() {
@@ -371,6 +434,7 @@ Status Engine::Step() {
   }
   preempted_this_step_ = false;
   int64_t budget = options_.token_budget;
+  int64_t executed = 0;  // requests whose step ran
   // Snapshot the order: preemption and forks change running_ during the loop.
   std::vector<Live*> order;
   for (auto& r : running_)
@@ -381,10 +445,28 @@ Status Engine::Step() {
         std::any_of(running_.begin(), running_.end(), [&](const auto& p) { return p.get() == r; });
     if (!still_running) continue;
     const RequestId id = r->seq.id;
+    if (r->loading) {
+      const TierConnector::LoadState state = connector_->Poll(id);
+      if (state == TierConnector::LoadState::kPending) continue;
+      HKV_ASSIGN_OR_RETURN(const bool loaded,
+                           EndLoad(*r, state == TierConnector::LoadState::kLoaded));
+      if (loaded) {
+        HKV_ASSIGN_OR_RETURN(const int64_t ran, Execute(*r, {}));
+        budget -= ran;
+        ++executed;
+        HKV_RETURN_IF_ERROR(MaybeFinish(r));
+        continue;
+      }
+      // Failed: the request starts over below, from a local lookup.
+    }
     const int64_t known = static_cast<int64_t>(r->seq.tokens.size());
     if (!r->started) {
       // A hit stays valid until the next mutating call, so look up right before allocating.
-      HKV_ASSIGN_OR_RETURN(r->pending, manager_->Lookup(id));
+      if (connector_ && options_.offload->load && !r->local_only) {
+        HKV_ASSIGN_OR_RETURN(r->pending, manager_->Lookup(id, *connector_));
+      } else {
+        HKV_ASSIGN_OR_RETURN(r->pending, manager_->Lookup(id));
+      }
     }
     const int64_t computed = r->started ? manager_->NumComputed(id).value() : r->pending.tokens;
     std::vector<int32_t> drafts;
@@ -404,12 +486,16 @@ Status Engine::Step() {
     HKV_ASSIGN_OR_RETURN(const bool ran, RunStep(*r, computed, n, drafts));
     if (!ran) continue;
     budget -= n + static_cast<int64_t>(drafts.size());
-    if (static_cast<int64_t>(r->seq.tokens.size()) - r->seq.prompt_len >= r->max_new_tokens &&
-        r->prefilled) {
-      HKV_RETURN_IF_ERROR(manager_->Free(id));
-      HKV_RETURN_IF_ERROR(AfterManagerCall());
-      finished_.push_back(r->seq);
-      std::erase_if(running_, [&](const auto& p) { return p.get() == r; });
+    if (!r->loading) ++executed;
+    HKV_RETURN_IF_ERROR(MaybeFinish(r));
+  }
+  // Only loads are in flight: wait for the oldest rather than return a step that did nothing.
+  if (executed == 0) {
+    for (const auto& r : running_) {
+      if (!r->loading) continue;
+      connector_->Wait(r->seq.id);
+      ++counters_.load_waits;
+      break;
     }
   }
   return Status::Ok();

@@ -27,7 +27,14 @@ PagedKvCache::Buffer PagedKvCache::AllocateBuffer(int64_t bytes) {
   madvise(p, size, MADV_HUGEPAGE);  // advice only: without huge pages the cache still works
 #endif
   std::memset(p, 0, size);
-  return Buffer{std::unique_ptr<unsigned char[], Buffer::Free>(p)};
+  return Buffer{std::unique_ptr<unsigned char[], Buffer::Free>(p), bytes};
+}
+
+std::vector<std::span<unsigned char>> PagedKvCache::Buffers() {
+  std::vector<std::span<unsigned char>> out;
+  for (const Buffer& b : buffers_)
+    out.emplace_back(b.data(), static_cast<size_t>(b.size));
+  return out;
 }
 
 Result<PagedKvCache> PagedKvCache::Create(const Plan& plan) {

@@ -111,6 +111,7 @@ Result<VerifyReport> RunVerify(const ModelSpec& real, const VerifyOptions& o) {
     eo.sparse = o.sparse;
     eo.sparse->record_steps = true;
   }
+  eo.offload = o.offload;
   HKV_ASSIGN_OR_RETURN(auto engine, Engine::Create(spec, weights, plan, config, eo));
 
   SplitMix64 rng(o.seed);
@@ -121,6 +122,7 @@ Result<VerifyReport> RunVerify(const ModelSpec& real, const VerifyOptions& o) {
   for (int i = 0; i < 3; ++i)
     system_prompts.push_back(Tokens(rng, i == 0 ? 5 + rng.Below(4) : 16 + rng.Below(24), vocab));
   RequestId next_id = 1;
+  size_t taken = 0;  // of engine->finished(), copied into `done`
   int32_t submitted = 0;
   size_t continued = 0;  // finished sequences already continued as a next turn
   VerifyReport report;
@@ -143,10 +145,36 @@ Result<VerifyReport> RunVerify(const ModelSpec& real, const VerifyOptions& o) {
     ++submitted;
     return engine->Submit(g);
   };
+  // Sequences finished by every engine so far (restarts replace the engine).
+  std::vector<Sequence> done;
+  const auto retire = [&] {
+    const auto& f = engine->finished();
+    done.insert(done.end(), f.begin() + static_cast<ptrdiff_t>(taken), f.end());
+    taken = f.size();
+  };
+  const auto add_counters = [&] {
+    const EngineCounters& c = engine->counters();
+    report.external_hits += c.external_hits;
+    report.loads_completed += c.loads_completed;
+    report.loads_failed += c.loads_failed;
+  };
+  int32_t part = 0;  // restarts done
   while (report.steps < o.max_steps) {
+    // A restart: once the engine drained its part of the workload, a fresh one (empty cache,
+    // same tiers) serves the next part.
+    const int32_t parts = o.restarts + 1;
+    if (part < o.restarts && submitted >= o.requests * (part + 1) / parts && engine->idle()) {
+      retire();
+      add_counters();
+      HKV_RETURN_IF_ERROR(engine->manager().CheckInvariants());
+      engine.reset();
+      HKV_ASSIGN_OR_RETURN(engine, Engine::Create(spec, weights, plan, config, eo));
+      taken = 0;
+      ++part;
+    }
     // Keep a few requests in flight; continue finished conversations as new turns.
-    while (submitted < o.requests && submitted < 4 + report.steps / 2) {
-      const auto& done = engine->finished();
+    const int32_t limit = o.requests * (part + 1) / (o.restarts + 1);
+    while (submitted < limit && submitted < 4 + report.steps / 2) {
       std::vector<int32_t> prompt;
       EncoderInput encoder;
       if (spec.max_encoder_tokens > 0) encoder = image(1 + static_cast<uint64_t>(rng.Below(4)));
@@ -166,17 +194,21 @@ Result<VerifyReport> RunVerify(const ModelSpec& real, const VerifyOptions& o) {
     if (submitted >= o.requests && engine->idle()) break;
     HKV_RETURN_IF_ERROR(engine->Step());
     HKV_RETURN_IF_ERROR(engine->manager().CheckInvariants());
+    retire();
     ++report.steps;
   }
   report.completed = submitted >= o.requests && engine->idle();
-  for (const Sequence& seq : engine->finished()) {
+  retire();
+  add_counters();
+  report.engines = part + 1;
+  for (const Sequence& seq : done) {
     const DenseCheck dense = CheckAgainstDense(spec, weights, seq);
     const DenseCheck c = o.sparse ? CheckAgainstMasked(spec, weights, seq) : dense;
     report.mismatches += c.mismatches;
     report.dense_mismatches += dense.mismatches;
     report.max_logit_diff = std::max(report.max_logit_diff, c.max_logit_diff);
   }
-  report.requests = static_cast<int64_t>(engine->finished().size());
+  report.requests = static_cast<int64_t>(done.size());
   report.features = engine->counters();
   report.slabs_reclaimed = engine->manager().Arena().slabs_reclaimed;
   HKV_ASSIGN_OR_RETURN(const Allocator padded,

@@ -32,6 +32,8 @@
 
 #include <hkv/common/result.h>
 #include <hkv/common/splitmix64.h>
+#include <hkv/connector/block_memory_view.h>
+#include <hkv/connector/tier_connector.h>
 #include <hkv/engine/masked_reference.h>
 #include <hkv/engine/paged_kv_cache.h>
 #include <hkv/engine/tiny_model.h>
@@ -61,6 +63,18 @@ struct SparseKvOptions {
   bool record_steps = false;
 };
 
+// Offload (hkv/connector): every block the manager publishes is exported into the tiers as it is
+// published, and a request that misses locally is looked up in them too (KvCacheManager::Lookup
+// with the engine's TierConnector). Its hit blocks load in the background while the other
+// requests run; the request's first step runs once they are in. A failed load (a miss, damaged
+// data, a dead server) restarts the request from a local lookup: it recomputes, and that request
+// no longer consults the tiers.
+struct OffloadOptions {
+  std::vector<Tier*> tiers;  // lookup order, fastest first; not owned: they outlive the engine
+  bool store = true;         // export published blocks into the tiers
+  bool load = true;          // consult the tiers after a local miss
+};
+
 struct EngineOptions {
   int64_t token_budget = 64;
   int64_t chunk = 16;
@@ -76,6 +90,7 @@ struct EngineOptions {
   // Sparse-KV policies (above); none: every token is kept. Not with draft tokens (a request that
   // evicted cannot be truncated).
   std::optional<SparseKvOptions> sparse;
+  std::optional<OffloadOptions> offload;
 };
 
 struct GenerationRequest {
@@ -134,6 +149,14 @@ struct EngineCounters {
   int64_t tokens_evicted = 0;
   int64_t blocks_evicted = 0;
   int64_t evictions_deferred = 0;
+  // Offload: hits that needed blocks from the tiers (and their tokens), loads that completed and
+  // that failed (the request recomputed), and steps that waited for a load with nothing else to
+  // run.
+  int64_t external_hits = 0;
+  int64_t external_hit_tokens = 0;
+  int64_t loads_completed = 0;
+  int64_t loads_failed = 0;
+  int64_t load_waits = 0;
 };
 
 class Engine {
@@ -152,6 +175,10 @@ class Engine {
   const std::vector<Sequence>& finished() const { return finished_; }
   const EngineCounters& counters() const { return counters_; }
   const KvCacheManager& manager() const { return *manager_; }
+  // With EngineOptions::offload: the connector (its stats), and the memory view it moves blocks
+  // through; null otherwise.
+  const TierConnector* connector() const { return connector_.get(); }
+  const BlockMemoryView* memory_view() const { return view_.get(); }
 
  private:
   // A sparse layer's policy and the positions the layer holds, ascending. Copies clone the
@@ -181,8 +208,10 @@ class Engine {
     bool prefilled = false;  // prompt computed (at least once; recompute after preemption
                              // doesn't fork again)
     bool forked = false;
-    bool started = false;  // first Allocate done (Lookup no longer allowed)
-    PrefixHit pending;     // the hit found at admission, for the first Allocate
+    bool started = false;     // first Allocate done (Lookup no longer allowed)
+    PrefixHit pending;        // the hit found at admission, for the first Allocate
+    bool loading = false;     // the first step's hit blocks are loading from the tiers
+    bool local_only = false;  // a load failed: look up without the tiers from now on
   };
   Engine(const ModelSpec& spec, const ModelWeights& weights, KvCacheManager manager,
          PagedKvCache cache, const EngineOptions& options);
@@ -193,6 +222,12 @@ class Engine {
   // someone was preempted.
   Result<bool> RunStep(Live& r, int64_t computed, int64_t n, const std::vector<int32_t>& drafts);
   Status Preempt(const Live* victim);
+  // Runs the open step of `r` (allocated by RunStep); the tokens it computed.
+  Result<int64_t> Execute(Live& r, const std::vector<int32_t>& drafts);
+  // Offload: ends `r`'s load (FinishLoad); whether the blocks arrived.
+  Result<bool> EndLoad(Live& r, bool loaded);
+  // Frees `r` if it generated everything it should.
+  Status MaybeFinish(Live* r);
   Status FinishOrSample(Live& r, const std::vector<float>& last_logits, int64_t pos);
   int32_t Sample(Live& r, std::span<const float> logits, int64_t pos);
   int64_t WindowNulls(RequestId id) const;
@@ -212,6 +247,9 @@ class Engine {
   const ModelWeights& weights_;
   std::unique_ptr<KvCacheManager> manager_;
   PagedKvCache cache_;
+  // Offload; declared after the cache so the connector's worker stops before the memory goes.
+  std::unique_ptr<BlockMemoryView> view_;
+  std::unique_ptr<TierConnector> connector_;
   EngineOptions options_;
   std::deque<std::unique_ptr<Live>> waiting_;
   std::vector<std::unique_ptr<Live>> running_;

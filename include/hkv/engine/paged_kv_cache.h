@@ -83,6 +83,10 @@ class PagedKvCache {
   // Views of request `id`'s open step.
   Result<std::unique_ptr<StepView>> View(const KvCacheManager& manager, RequestId id);
 
+  // The planned buffers, as the plan lays them out (one per page class, or the one slab buffer of
+  // a two-level plan): what BlockMemoryView::Create takes, so a connector can move blocks.
+  std::vector<std::span<unsigned char>> Buffers();
+
  private:
   struct LayerTensors {
     int32_t k = -1, v = -1, conv = -1, ssm = -1;  // indices into plan_.layout.tensors
@@ -100,6 +104,7 @@ class PagedKvCache {
       void operator()(unsigned char* p) const;
     };
     std::unique_ptr<unsigned char[], Free> bytes;
+    int64_t size = 0;  // as planned (the allocation is rounded up to huge pages)
     unsigned char* data() const { return bytes.get(); }
   };
   static Buffer AllocateBuffer(int64_t bytes);

@@ -36,6 +36,13 @@ struct VerifyOptions {
   // sequence is checked against the masked reference (MaskedLogits over what its layers kept);
   // dense_mismatches counts differences from the dense one, zero when the budget kept all.
   std::optional<SparseKvOptions> sparse;
+  // Offload: the engine exports what it publishes into these tiers and loads hits from them
+  // (EngineOptions::offload); the small memory evicts blocks that later requests then reload.
+  // With `restarts` > 0 the workload is served in restarts + 1 parts, each by a fresh engine
+  // (empty local cache, same weights and tiers) once the previous one drained - what a restarted
+  // engine, or a second one sharing the tiers, sees.
+  std::optional<OffloadOptions> offload;
+  int32_t restarts = 0;
 };
 
 struct VerifyReport {
@@ -51,6 +58,12 @@ struct VerifyReport {
   // this scaled model in the same budget; a recurrent hit shorter than it exists only here.
   int32_t padded_block_tokens = 0;
   bool completed = false;  // every request finished within max_steps
+  // Offload, summed over the engines (`features` is the last engine's): hits that loaded blocks
+  // from the tiers, loads that completed, loads that failed (and recomputed).
+  int64_t external_hits = 0;
+  int64_t loads_completed = 0;
+  int64_t loads_failed = 0;
+  int32_t engines = 1;
 };
 
 Result<VerifyReport> RunVerify(const ModelSpec& real, const VerifyOptions& options);

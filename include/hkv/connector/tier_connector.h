@@ -1,0 +1,110 @@
+// TierConnector: offloads the blocks a KvCacheManager publishes into tiers (host, disk, remote)
+// and loads them back, in the background, for hits the manager finds there after a local miss.
+//
+// Contract:
+// - It is the manager's ExternalBlocks: Has(key) is true when some tier contains the key (asked
+//   in tier order, fastest first). Pass it to KvCacheManager::Lookup(id, connector).
+// - Store(events) exports every block a kStored event names, from the memory view, and puts it
+//   into every tier that lacks it. Call it right after the manager call that published them,
+//   before the next call that allocates: a published block is never written again, but once
+//   freed it can be reused. A tier that refuses a Put (full of pins, a server down) only costs
+//   that copy (counted); Store fails only on a bad event (a group or block the view lacks).
+// - StartLoad(id, loads) queues the first step's loads (StepInfo::loads) for a worker thread,
+//   which fetches each block's stream from the first tier that returns it, checks it (checksums,
+//   and that it carries exactly the key, group and kind the manager asked for) and imports it into
+//   the block. The engine keeps running other requests; the load targets are the request's
+//   private blocks, so nobody else reads or writes those bytes meanwhile. Poll says whether the
+//   job is pending, loaded or failed; Wait blocks until it is not pending. Then the engine calls
+//   KvCacheManager::FinishLoad(id, state == kLoaded) and Forget(id). Any miss, damaged stream or
+//   tier error fails the whole job: the manager turns that into a recompute.
+// - Cancel(id) stops a job (waiting for the block being imported) so its blocks may be freed;
+//   the destructor cancels everything and joins the worker. Tiers and the memory must outlive
+//   the connector. Tier calls are serialised by one mutex (tiers are not thread-safe); the
+//   worker holds it only while fetching bytes, not while checking or copying them.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <span>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include <hkv/common/result.h>
+#include <hkv/connector/block_memory_view.h>
+#include <hkv/connector/block_stream.h>
+#include <hkv/connector/tier.h>
+#include <hkv/manager/kv_cache_manager.h>
+
+namespace hkv {
+
+struct TierConnectorStats {
+  int64_t blocks_stored = 0;   // blocks exported and put into at least one tier
+  int64_t bytes_stored = 0;    // stream bytes put, summed over tiers
+  int64_t store_refusals = 0;  // Puts a tier refused
+  int64_t loads_started = 0;   // jobs
+  int64_t loads_failed = 0;    // jobs that failed (a miss, damage, a tier error)
+  int64_t blocks_loaded = 0;
+  int64_t bytes_loaded = 0;
+};
+
+class TierConnector final : public ExternalBlocks {
+ public:
+  enum class LoadState { kPending, kLoaded, kFailed };
+
+  // `tiers` in lookup order; at least one; none null.
+  static Result<std::unique_ptr<TierConnector>> Create(const BlockMemoryView& view,
+                                                       std::vector<Tier*> tiers);
+  ~TierConnector() override;
+  TierConnector(const TierConnector&) = delete;
+  TierConnector& operator=(const TierConnector&) = delete;
+
+  bool Has(const PrefixKey& key) const override;
+  Status Store(std::span<const ManagerEvent> events);
+
+  // kInvalidArgument (nothing queued) for an id with a job already, no loads, or a load whose
+  // group or block the view lacks.
+  Status StartLoad(RequestId id, std::span<const BlockLoad> loads);
+  // kFailed also for an id without a job (never started, or forgotten).
+  LoadState Poll(RequestId id) const;
+  LoadState Wait(RequestId id);
+  void Forget(RequestId id);
+  void Cancel(RequestId id);
+  bool HasJob(RequestId id) const;
+
+  TierConnectorStats stats() const;
+  // Why the last failed job failed (empty if none did): the tier's or the check's message.
+  std::string last_failure() const;
+
+ private:
+  struct Job {
+    RequestId id = 0;
+    std::vector<BlockLoad> loads;
+    LoadState state = LoadState::kPending;
+    bool cancelled = false;
+  };
+  TierConnector(const BlockMemoryView& view, std::vector<Tier*> tiers);
+  void Run();
+  // Fetches, checks and imports one block; the reason on failure.
+  Status LoadOne(const BlockLoad& load, std::vector<StreamBlock>& parsed);
+
+  const BlockMemoryView& view_;
+  std::vector<Tier*> tiers_;
+  mutable std::mutex tier_mu_;  // serialises tier calls
+
+  mutable std::mutex mu_;  // guards everything below
+  std::condition_variable cv_;
+  std::deque<RequestId> queue_;
+  std::unordered_map<RequestId, Job> jobs_;
+  RequestId running_ = 0;
+  bool busy_ = false;
+  bool stop_ = false;
+  TierConnectorStats stats_;
+  std::string last_failure_;
+  std::vector<ExportBlock> scratch_export_;
+  std::thread worker_;
+};
+
+}  // namespace hkv
