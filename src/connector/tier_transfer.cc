@@ -1,0 +1,144 @@
+// Tier transfer: a tier's entries as one self-checking message, and moving it over a descriptor.
+#include <cerrno>
+#include <cstring>
+
+#include <fmt/format.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <hkv/connector/tier_transfer.h>
+
+#include "checked_format.h"
+
+namespace hkv {
+namespace {
+
+using connector_format::Get32;
+using connector_format::Get64;
+using connector_format::HeaderSeed;
+using connector_format::Put32;
+using connector_format::Put64;
+
+constexpr uint32_t kMagic = 0x544b4846;  // "FHKT"
+constexpr uint32_t kVersion = 1;
+constexpr size_t kHeaderBytes = 24;  // magic, version, count, checksum of the 16 before
+constexpr size_t kEntryBytes = 40;   // hi, lo, group, reserved, length, checksum of the 32 before
+
+}  // namespace
+
+Result<std::vector<unsigned char>> SerializeTierEntries(Tier& tier) {
+  const std::vector<PrefixKey> keys = tier.LruOrder();
+  std::vector<std::vector<unsigned char>> entries;
+  size_t total = kHeaderBytes;
+  for (const PrefixKey& k : keys) {
+    HKV_ASSIGN_OR_RETURN(std::vector<unsigned char> bytes, tier.Get(k));
+    total += kEntryBytes + bytes.size();
+    entries.push_back(std::move(bytes));
+  }
+  std::vector<unsigned char> out(total);
+  unsigned char* p = out.data();
+  Put32(p, kMagic);
+  Put32(p + 4, kVersion);
+  Put64(p + 8, keys.size());
+  Put64(p + 16, HeaderSeed({p, 16}));
+  p += kHeaderBytes;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    Put64(p, keys[i].hash.hi);
+    Put64(p + 8, keys[i].hash.lo);
+    Put32(p + 16, static_cast<uint32_t>(keys[i].group));
+    Put32(p + 20, 0);
+    Put64(p + 24, entries[i].size());
+    Put64(p + 32, HeaderSeed({p, 32}));
+    p += kEntryBytes;
+    if (!entries[i].empty()) std::memcpy(p, entries[i].data(), entries[i].size());
+    p += entries[i].size();
+  }
+  return out;
+}
+
+Result<int64_t> DeserializeTierEntries(std::span<const unsigned char> message, Tier& into) {
+  if (message.size() < kHeaderBytes) {
+    return Status::IoError(fmt::format(
+        "tier transfer: message of {} bytes is shorter than its {}-byte header (truncated)",
+        message.size(), kHeaderBytes));
+  }
+  const unsigned char* p = message.data();
+  if (Get32(p) != kMagic || Get32(p + 4) != kVersion || Get64(p + 16) != HeaderSeed({p, 16})) {
+    return Status::InvalidArgument(
+        "tier transfer: message header damaged (magic, version or checksum)");
+  }
+  const uint64_t count = Get64(p + 8);
+  size_t at = kHeaderBytes;
+  int64_t taken = 0;
+  for (uint64_t i = 0; i < count; ++i) {
+    if (message.size() - at < kEntryBytes) {
+      return Status::IoError(fmt::format(
+          "tier transfer: message truncated: {} of {} entries arrived whole", taken, count));
+    }
+    const unsigned char* e = message.data() + at;
+    if (Get64(e + 32) != HeaderSeed({e, 32})) {
+      return Status::InvalidArgument(fmt::format(
+          "tier transfer: header of entry {} damaged; {} entries before it kept", i, taken));
+    }
+    PrefixKey key;
+    key.hash.hi = Get64(e);
+    key.hash.lo = Get64(e + 8);
+    key.group = static_cast<int32_t>(Get32(e + 16));
+    const uint64_t length = Get64(e + 24);
+    at += kEntryBytes;
+    if (message.size() - at < length) {
+      return Status::IoError(fmt::format(
+          "tier transfer: message truncated inside entry {}: {} of {} entries arrived whole", i,
+          taken, count));
+    }
+    HKV_RETURN_IF_ERROR(into.Put(key, message.subspan(at, static_cast<size_t>(length))));
+    at += static_cast<size_t>(length);
+    ++taken;
+  }
+  if (at != message.size()) {
+    return Status::InvalidArgument(fmt::format(
+        "tier transfer: {} bytes after the last of {} entries", message.size() - at, count));
+  }
+  return taken;
+}
+
+Status SendAll(int fd, std::span<const unsigned char> bytes) {
+  size_t sent = 0;
+  bool socket = true;
+  while (sent < bytes.size()) {
+    const size_t want = bytes.size() - sent;
+    ssize_t n = socket ? ::send(fd, bytes.data() + sent, want, MSG_NOSIGNAL) : -1;
+    if (n < 0 && socket && errno == ENOTSOCK) {
+      socket = false;
+      continue;
+    }
+    if (!socket) n = ::write(fd, bytes.data() + sent, want);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Status::IoError(
+          fmt::format("tier transfer: send on descriptor {} after {} of {} "
+                      "bytes: {}",
+                      fd, sent, bytes.size(), std::strerror(errno)));
+    }
+    sent += static_cast<size_t>(n);
+  }
+  return Status::Ok();
+}
+
+Result<std::vector<unsigned char>> ReceiveAll(int fd) {
+  std::vector<unsigned char> out;
+  unsigned char buffer[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd, buffer, sizeof(buffer));
+    if (n == 0) return out;
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Status::IoError(
+          fmt::format("tier transfer: receive on descriptor {} after {} bytes: {}", fd, out.size(),
+                      std::strerror(errno)));
+    }
+    out.insert(out.end(), buffer, buffer + n);
+  }
+}
+
+}  // namespace hkv
