@@ -1,10 +1,15 @@
 #include "verify_command.h"
 
+#include <filesystem>
+#include <memory>
 #include <ostream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <unistd.h>
 
+#include <hkv/connector/disk_tier.h>
+#include <hkv/connector/host_tier.h>
 #include <hkv/spec/config_loader.h>
 
 namespace hkv::cli {
@@ -27,6 +32,13 @@ CLI::App* AddVerifyCommand(CLI::App& app, VerifyArgs& args) {
   cmd->add_option("--budget", args.budget,
                   "the policy's budget: tokens (16), a fraction (0.25) or a percentage (25%); "
                   "default: the whole sequence");
+  cmd->add_option("--offload", args.offload,
+                  "export published blocks into a tier and reload hits from it: host, disk "
+                  "(a new temp directory) or disk:DIR");
+  cmd->add_option("--restarts", args.options.restarts,
+                  "with --offload: fresh engines (empty cache, same tier) serve this many later "
+                  "parts of the workload")
+      ->check(CLI::Range(0, 100));
   cmd->add_flag("--json", args.json, "print JSON");
   return cmd;
 }
@@ -57,7 +69,41 @@ int RunVerifyCommand(const VerifyArgs& args, std::ostream& out, std::ostream& er
     }
     options.sparse = sparse;
   }
+  std::unique_ptr<Tier> tier;
+  std::filesystem::path temp_dir;
+  if (!args.offload.empty()) {
+    constexpr int64_t kTierBytes = int64_t{1} << 30;
+    if (args.offload == "host") {
+      tier = std::make_unique<HostTier>(kTierBytes);
+    } else if (args.offload == "disk" || args.offload.starts_with("disk:")) {
+      std::filesystem::path dir = args.offload.size() > 5 ? args.offload.substr(5) : "";
+      if (dir.empty()) {
+        temp_dir =
+            std::filesystem::temp_directory_path() / fmt::format("hkv-verify-disk-{}", ::getpid());
+        dir = temp_dir;
+      }
+      auto disk = DiskTier::Open(dir, kTierBytes);
+      if (!disk.ok()) {
+        err << "hkv verify: --offload: " << disk.status().ToString() << "\n";
+        return 2;
+      }
+      tier = std::make_unique<DiskTier>(std::move(disk).value());
+    } else {
+      err << "hkv verify: --offload: unknown tier '" << args.offload
+          << "'; expected host, disk or disk:DIR\n";
+      return 2;
+    }
+    options.offload = OffloadOptions{{tier.get()}};
+  } else if (options.restarts > 0) {
+    err << "hkv verify: --restarts needs --offload (a fresh engine without a tier starts empty)\n";
+    return 2;
+  }
   auto report = RunVerify(*model, options);
+  if (!temp_dir.empty()) {
+    tier.reset();
+    std::error_code ignored;
+    std::filesystem::remove_all(temp_dir, ignored);
+  }
   if (!report.ok()) {
     err << "hkv verify: " << report.status().ToString() << "\n";
     return 2;
@@ -92,6 +138,13 @@ int RunVerifyCommand(const VerifyArgs& args, std::ostream& out, std::ostream& er
                      {"tokens_evicted", f.tokens_evicted},
                      {"blocks_evicted", f.blocks_evicted},
                      {"evictions_deferred", f.evictions_deferred}};
+    if (options.offload) {
+      j["offload"] = {{"tier", args.offload},
+                      {"engines", r.engines},
+                      {"external_hits", r.external_hits},
+                      {"loads_completed", r.loads_completed},
+                      {"loads_failed", r.loads_failed}};
+    }
     out << j.dump(2) << "\n";
   } else {
     out << fmt::format("hkv verify: {} (scaled)\n", r.model);
@@ -112,6 +165,12 @@ int RunVerifyCommand(const VerifyArgs& args, std::ostream& out, std::ostream& er
           "  (checked against attention masked to the kept tokens; {} differ from dense)\n",
           PolicyKindName(options.sparse->policy.kind), f.evictions, f.tokens_evicted,
           f.blocks_evicted, f.evictions_deferred, r.dense_mismatches);
+    }
+    if (options.offload) {
+      out << fmt::format(
+          "  offload to the {} tier: {} engine(s); hits loaded from the tier {}  loads completed "
+          "{}  failed {}\n",
+          args.offload, r.engines, r.external_hits, r.loads_completed, r.loads_failed);
     }
     if (r.padded_block_tokens > 0) {
       out << fmt::format(

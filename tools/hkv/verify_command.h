@@ -5,7 +5,9 @@
 // mismatches (a table, or JSON with --json) to `out`, and returns 0 only when every request
 // finished with no mismatch; 1 on a mismatch or an unfinished workload, 2 on bad input. With
 // --policy (and --budget) the engine evicts by a sparse-KV policy and every sequence is checked
-// against attention masked to what each layer kept.
+// against attention masked to what each layer kept. With --offload the engine exports what it
+// publishes into a host or disk tier and reloads hits from it (--restarts: fresh engines serve
+// later parts of the workload from the same tier).
 #pragma once
 
 #include <iosfwd>
@@ -25,6 +27,8 @@ struct VerifyArgs {
   // is then checked against the masked reference.
   std::string policy;
   std::string budget;
+  // Offload: "host", or "disk" (a fresh directory under the system's temp dir) or "disk:DIR".
+  std::string offload;
 };
 
 CLI::App* AddVerifyCommand(CLI::App& app, VerifyArgs& args);
