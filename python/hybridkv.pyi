@@ -1,6 +1,6 @@
 """Type stubs for the hybridkv extension module (python/src)."""
 import os
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -112,11 +112,13 @@ def make_allocator(model: Model, mode: str = "hybridkv", memory: ByteSize = "16G
                    planning_tokens: int = 0, encoder_tokens: int = -1) -> Allocator: ...
 
 class PrefixHit:
-    def __init__(self, tokens: int = 0, encoder: bool = False) -> None: ...
+    def __init__(self, tokens: int = 0, encoder: bool = False, loads: int = 0) -> None: ...
     @property
     def tokens(self) -> int: ...
     @property
     def encoder(self) -> bool: ...
+    @property
+    def loads(self) -> int: ...
 
 class TruncateResult:
     @property
@@ -170,6 +172,10 @@ class ManagerStats:
     encoder_hits: int
     allocations_failed: int
     recomputed_tokens: int
+    branch_blocks_given_back: int
+    external_hit_tokens: int
+    blocks_loaded: int
+    loads_failed: int
 
 class Event:
     @property
@@ -189,7 +195,9 @@ class KvCacheManager:
                     low_retention: bool = False,
                     items: Sequence[tuple[int, int, int]] = ...,
                     encoder_tokens: int = 0, encoder_input: int | None = None) -> None: ...
-    def lookup(self, id: int) -> PrefixHit: ...
+    def lookup(self, id: int,
+               external: Callable[[int, int], bool] | None = None) -> PrefixHit: ...
+    def finish_load(self, id: int, loaded: bool) -> None: ...
     def allocate(self, id: int, num_new_tokens: int, hit: PrefixHit | None = None,
                  lookahead: int = 0) -> None: ...
     def commit(self, id: int, computed: int) -> None: ...

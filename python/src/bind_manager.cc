@@ -4,6 +4,7 @@
 // manager and other Python threads run while a long call (Free of a long request, Compact) works.
 // Errors leave the manager unchanged (the library's guarantee) and raise hybridkv.Error subclasses.
 #include <algorithm>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -88,6 +89,33 @@ const char* KindName(KvEvent::Kind k) {
   return "cleared";
 }
 
+// ExternalBlocks answered by a Python callable (digest, group) -> bool. An exception stops the
+// answers (every later block is "absent") and is raised again once Lookup returns.
+class PythonBlocks final : public ExternalBlocks {
+ public:
+  explicit PythonBlocks(py::object has) : has_(std::move(has)) {}
+  bool Has(const PrefixKey& key) const override {
+    if (error_) return false;
+    try {
+      return has_(FromHash(key.hash), key.group).cast<bool>();
+    } catch (py::error_already_set& e) {
+      error_ = std::make_unique<py::error_already_set>(std::move(e));
+    } catch (const py::cast_error&) {
+      error_ = std::make_unique<py::error_already_set>(
+          (PyErr_SetString(PyExc_TypeError, "lookup: external must return a bool"),
+           py::error_already_set()));
+    }
+    return false;
+  }
+  void Rethrow() {
+    if (error_) throw std::move(*error_);
+  }
+
+ private:
+  py::object has_;
+  mutable std::unique_ptr<py::error_already_set> error_;
+};
+
 struct RequestArgs {
   std::vector<PromptItem> items;
   BlockHash encoder_input;
@@ -97,15 +125,16 @@ struct RequestArgs {
 
 void BindManager(py::module_& m) {
   py::class_<PrefixHit>(m, "PrefixHit", "What lookup found; pass it to the first allocate.")
-      .def(py::init([](int64_t tokens, bool encoder) {
-             return PrefixHit{tokens, encoder};
+      .def(py::init([](int64_t tokens, bool encoder, int32_t loads) {
+             return PrefixHit{tokens, encoder, loads};
            }),
-           py::arg("tokens") = 0, py::arg("encoder") = false)
+           py::arg("tokens") = 0, py::arg("encoder") = false, py::arg("loads") = 0)
       .def_readonly("tokens", &PrefixHit::tokens)
       .def_readonly("encoder", &PrefixHit::encoder)
+      .def_readonly("loads", &PrefixHit::loads)
       .def("__repr__", [](const PrefixHit& h) {
-        return fmt::format("PrefixHit(tokens={}, encoder={})", h.tokens,
-                           h.encoder ? "True" : "False");
+        return fmt::format("PrefixHit(tokens={}, encoder={}, loads={})", h.tokens,
+                           h.encoder ? "True" : "False", h.loads);
       });
 
   py::class_<TruncateResult>(m, "TruncateResult")
@@ -160,7 +189,11 @@ void BindManager(py::module_& m) {
       .def_readonly("encoder_lookups", &ManagerStats::encoder_lookups)
       .def_readonly("encoder_hits", &ManagerStats::encoder_hits)
       .def_readonly("allocations_failed", &ManagerStats::allocations_failed)
-      .def_readonly("recomputed_tokens", &ManagerStats::recomputed_tokens);
+      .def_readonly("recomputed_tokens", &ManagerStats::recomputed_tokens)
+      .def_readonly("branch_blocks_given_back", &ManagerStats::branch_blocks_given_back)
+      .def_readonly("external_hit_tokens", &ManagerStats::external_hit_tokens)
+      .def_readonly("blocks_loaded", &ManagerStats::blocks_loaded)
+      .def_readonly("loads_failed", &ManagerStats::loads_failed);
 
   py::class_<ManagerEvent>(m, "Event", "A prefix-cache change, for a connector or router.")
       .def_property_readonly("kind", [](const ManagerEvent& e) { return KindName(e.kind); })
@@ -212,10 +245,30 @@ void BindManager(py::module_& m) {
           "input.")
       .def(
           "lookup",
-          [](Manager& self, uint64_t id) {
-            return self.Locked([&](KvCacheManager& mgr) { return Value(mgr.Lookup(id)); });
+          [](Manager& self, uint64_t id, const py::object& external) {
+            if (external.is_none()) {
+              return self.Locked([&](KvCacheManager& mgr) { return Value(mgr.Lookup(id)); });
+            }
+            // The store is Python code: it runs with the GIL, under the manager's lock.
+            PythonBlocks blocks(external);
+            auto lock = self.Hold();
+            Result<PrefixHit> hit = self.raw().Lookup(id, blocks);
+            blocks.Rethrow();
+            return Value(std::move(hit));
           },
-          py::arg("id"), "The longest usable cached prefix, before the first allocate.")
+          py::arg("id"), py::arg("external") = py::none(),
+          "The longest usable cached prefix, before the first allocate. external: a callable "
+          "(digest, group) -> bool saying whether an outside store (host/disk/remote tier) holds "
+          "that block; it must not call this manager. hit.loads then counts the blocks to load "
+          "(step()['loads']) before finish_load.")
+      .def(
+          "finish_load",
+          [](Manager& self, uint64_t id, bool loaded) {
+            self.Locked([&](KvCacheManager& mgr) { Check(mgr.FinishLoad(id, loaded)); });
+          },
+          py::arg("id"), py::arg("loaded"),
+          "Ends the loads of a hit with external blocks: loaded=True publishes them and the step "
+          "runs; False releases everything and the request starts over (look up again).")
       .def(
           "allocate",
           [](Manager& self, uint64_t id, int64_t num_new_tokens,
@@ -308,17 +361,33 @@ void BindManager(py::module_& m) {
               w(k, 1) = s.copies[i].src;
               w(k, 2) = s.copies[i].dst;
             }
+            py::array_t<int32_t> loads({static_cast<py::ssize_t>(s.loads.size()), py::ssize_t{4}});
+            auto l = loads.mutable_unchecked<2>();
+            py::list keys;
+            for (size_t i = 0; i < s.loads.size(); ++i) {
+              const auto k = static_cast<py::ssize_t>(i);
+              l(k, 0) = s.loads[i].group;
+              l(k, 1) = s.loads[i].pool;
+              l(k, 2) = s.loads[i].block;
+              l(k, 3) = s.loads[i].state ? 1 : 0;
+              keys.append(FromHash(s.loads[i].key.hash));
+            }
             py::dict d;
             d["begin"] = s.begin;
             d["end"] = s.end;
             d["reserved_end"] = s.reserved_end;
             d["run_encoder"] = s.run_encoder;
             d["copies"] = copies;
+            d["loads"] = loads;
+            d["load_digests"] = keys;
             return d;
           },
           py::arg("id"),
-          "The open step: {'begin', 'end', 'reserved_end', 'run_encoder', 'copies'} where copies "
-          "is an int32 array of rows (group, src, dst) to copy before the forward pass.")
+          "The open step: {'begin', 'end', 'reserved_end', 'run_encoder', 'copies', 'loads', "
+          "'load_digests'} where copies is an int32 array of rows (group, src, dst) to copy "
+          "before the forward pass, and loads (before finish_load) an int32 array of rows (group, "
+          "pool, block, is_state) to fill from the external store with the block whose digest is "
+          "load_digests[i].")
       .def(
           "block_table",
           [](const Manager& self, uint64_t id, int32_t group) {

@@ -188,6 +188,61 @@ def test_events_and_reset(small):
     assert small.usage(0).num_cached == 0
 
 
+def test_external_store_hit_loads_then_publishes_or_starts_over(small):
+    # Another engine published a prompt's blocks into a store: (digest, group) pairs.
+    other = hybridkv.KvCacheManager(full_attention_config())
+    run_prompt(other, 1, range(10))
+    store = {(e.hash, e.group) for e in other.take_events() if e.kind == "stored"}
+    asked = []
+
+    def has(digest, group):
+        asked.append((digest, group))
+        return (digest, group) in store
+
+    small.add_request(1, np.arange(10, dtype=np.int32))
+    assert small.lookup(1).tokens == 0
+    hit = small.lookup(1, has)
+    assert (hit.tokens, hit.loads) == (8, 2) and asked
+    small.allocate(1, 2, hit)
+    step = small.step(1)
+    loads = step["loads"]
+    assert loads.dtype == np.int32 and loads.shape == (2, 4)
+    assert list(loads[:, 0]) == [0, 0] and list(loads[:, 3]) == [0, 0]
+    assert list(loads[:, 2]) == small.block_table(1, 0)[:2].tolist()
+    assert {(d, 0) for d in step["load_digests"]} == store
+    with pytest.raises(hybridkv.FailedPreconditionError):
+        small.commit(1, 10)
+    small.check_invariants()
+    small.finish_load(1, True)
+    assert small.step(1)["loads"].shape == (0, 4)
+    small.commit(1, 10)
+    assert small.stats.blocks_loaded == 2
+    small.free(1)
+    # A failed load: the request starts over and looks up again.
+    small.reset_prefix_cache()
+    small.add_request(2, np.arange(10, dtype=np.int32))
+    hit = small.lookup(2, has)
+    small.allocate(2, 2, hit)
+    small.finish_load(2, False)
+    assert small.stats.loads_failed == 1 and small.usage(0).num_cached == 0
+    with pytest.raises(hybridkv.FailedPreconditionError):
+        small.finish_load(2, False)
+    run_prompt(small, 3, range(4))
+    small.check_invariants()
+    # A store that raises: the error reaches the caller, the manager is unchanged.
+    small.add_request(4, np.arange(10, dtype=np.int32))
+
+    def broken(digest, group):
+        raise KeyError("store down")
+
+    with pytest.raises(KeyError):
+        small.lookup(4, broken)
+    with pytest.raises(TypeError):
+        small.lookup(4, lambda d, g: "yes")
+    assert small.lookup(4).tokens == 4  # request 3 published block 0
+    small.check_invariants()
+
+
 def test_request_options_salt_adapter_items_and_retention(small):
     run_prompt(small, 1, range(10))
     small.free(1)
