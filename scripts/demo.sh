@@ -29,3 +29,6 @@ banner "Llama-3.2-11B-Vision, 43 text tokens + one 4-tile image (6404 encoder to
 
 banner "Bamba-9B (Mamba-2 + 3 attention layers): state pages and attention pages side by side"
 "$hkv" plan models/ibm-ai-platform--Bamba-9B --seq-len 4096
+
+banner "Bamba-9B offloaded to a disk tier: a restarted engine reloads prefixes and Mamba checkpoints, exact vs dense"
+"$hkv" verify models/ibm-ai-platform--Bamba-9B --offload disk --restarts 1
