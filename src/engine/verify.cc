@@ -195,6 +195,7 @@ Result<VerifyReport> RunVerify(const ModelSpec& real, const VerifyOptions& o) {
     HKV_RETURN_IF_ERROR(engine->Step());
     HKV_RETURN_IF_ERROR(engine->manager().CheckInvariants());
     retire();
+    if (o.after_step) o.after_step(part, engine->counters());
     ++report.steps;
   }
   report.completed = submitted >= o.requests && engine->idle();

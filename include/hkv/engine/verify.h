@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -43,6 +44,9 @@ struct VerifyOptions {
   // engine, or a second one sharing the tiers, sees.
   std::optional<OffloadOptions> offload;
   int32_t restarts = 0;
+  // Called after every scheduler step with the index of the engine serving it (0 .. restarts)
+  // and that engine's counters: fault tests use it to break a tier mid-run.
+  std::function<void(int32_t engine, const EngineCounters& counters)> after_step;
 };
 
 struct VerifyReport {
