@@ -1,6 +1,6 @@
-// Every Tier (HostTier, DiskTier): LRU eviction order, pinning, capacity, refusals that change
-// nothing, and random sequences of every call against a simple model of the contract - for the
-// disk tier with files damaged behind its back among the calls.
+// Every Tier (HostTier, DiskTier, RemoteTier on a real Redis server): LRU eviction order, pinning,
+// capacity, refusals that change nothing, and random sequences of every call against a simple model
+// of the contract - for the disk tier with files damaged behind its back among the calls.
 #include <algorithm>
 #include <memory>
 
@@ -9,7 +9,9 @@
 #include <hkv/common/splitmix64.h>
 #include <hkv/connector/disk_tier.h>
 #include <hkv/connector/host_tier.h>
+#include <hkv/connector/remote_tier.h>
 
+#include "redis_server.h"
 #include "tier_test_util.h"
 
 namespace hkv {
@@ -21,9 +23,17 @@ using testing::K;
 class TierTest : public ::testing::TestWithParam<const char*> {
  protected:
   bool OnDisk() const { return std::string_view(GetParam()) == "Disk"; }
-  // A new empty tier; the disk one in a fresh directory (each Make clears it).
+  bool OnRemote() const { return std::string_view(GetParam()) == "Remote"; }
+  // A new empty tier; the disk one in a fresh directory (each Make clears it), the remote one in a
+  // fresh namespace of the test binary's Redis server.
   std::unique_ptr<Tier> Make(int64_t capacity) {
     disk_ = nullptr;
+    if (OnRemote()) {
+      auto t = RemoteTier::Connect(
+          testing::SharedRedisServer().Options(testing::FreshNamespace("tiertest"), capacity));
+      EXPECT_TRUE(t.ok()) << t.status().ToString();
+      return std::move(t).value();
+    }
     if (!OnDisk()) return std::make_unique<HostTier>(capacity);
     Result<DiskTier> t = DiskTier::Open(dir_.path(), capacity);
     EXPECT_TRUE(t.ok()) << t.status().ToString();
@@ -141,7 +151,9 @@ struct Model {
 };
 
 TEST_P(TierTest, RandomSequencesMatchTheModel) {
-  for (uint64_t seed = 1; seed <= 20; ++seed) {
+  // A server round trip per call: fewer sequences on the remote tier.
+  const uint64_t seeds = OnRemote() ? 3 : 20;
+  for (uint64_t seed = 1; seed <= seeds; ++seed) {
     SplitMix64 rng(seed);
     const int64_t capacity = 200 + rng.Below(800);
     auto tier = Make(capacity);
@@ -226,7 +238,7 @@ TEST_P(TierTest, RandomSequencesMatchTheModel) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Tiers, TierTest, ::testing::Values("Host", "Disk"),
+INSTANTIATE_TEST_SUITE_P(Tiers, TierTest, ::testing::Values("Host", "Disk", "Remote"),
                          [](const ::testing::TestParamInfo<const char*>& p) {
                            return std::string(p.param);
                          });

@@ -9,9 +9,11 @@
 
 #include <hkv/connector/disk_tier.h>
 #include <hkv/connector/host_tier.h>
+#include <hkv/connector/remote_tier.h>
 #include <hkv/engine/verify.h>
 #include <hkv/spec/config_loader.h>
 
+#include "../connector/redis_server.h"
 #include "engine_test_util.h"
 
 namespace hkv {
@@ -123,6 +125,58 @@ TEST(Offload, FailingLoadsRecomputeAndStayExact) {
     EXPECT_GT(damaging.damaged(), 0);
     EXPECT_GT(r.loads_failed, 0);
     EXPECT_GT(r.loads_completed, 0);
+  }
+}
+
+// Through a real Redis server on loopback: the engine stores into it, a fresh engine with its own
+// connection reloads from it.
+TEST(Offload, RemoteTierReloadsMatchDense) {
+  for (const char* model : {"meta-llama--Llama-3.1-8B", "ibm-ai-platform--Bamba-9B",
+                            "google--gemma-3-4b-it", "deepseek-ai--DeepSeek-V2-Lite"}) {
+    SCOPED_TRACE(model);
+    auto remote = RemoteTier::Connect(
+                      testing::SharedRedisServer().Options(testing::FreshNamespace("offload")))
+                      .value();
+    VerifyOptions o;
+    o.requests = 16;
+    o.seed = 13;
+    o.offload = OffloadOptions{{remote.get()}};
+    o.restarts = 1;
+    const VerifyReport r = RunVerify(Load(model), o).value();
+    ExpectExact(r);
+    EXPECT_GT(r.loads_completed, 0);
+    EXPECT_EQ(r.loads_failed, 0);
+    EXPECT_GT(remote->hits(), 0);
+    EXPECT_EQ(remote->server_errors(), 0);
+  }
+}
+
+// The server is killed while the second engine is reloading from it: the requests that still
+// wanted its blocks miss (or fail their load) and recompute; every output stays exact and no block
+// leaks (the invariant checker runs after every step).
+TEST(Offload, RemoteServerKilledMidRunCostsOnlyRecomputation) {
+  for (const char* model : {"meta-llama--Llama-3.1-8B", "ibm-ai-platform--Bamba-9B"}) {
+    SCOPED_TRACE(model);
+    testing::RedisServer server;
+    ASSERT_TRUE(server.Start().ok());
+    auto remote = RemoteTier::Connect(server.Options("killed")).value();
+    VerifyOptions o;
+    o.requests = 20;
+    o.seed = 17;
+    o.offload = OffloadOptions{{remote.get()}};
+    o.restarts = 1;
+    bool killed = false;
+    o.after_step = [&](int32_t engine, const EngineCounters& c) {
+      if (engine == 1 && c.loads_completed >= 1 && !killed) {
+        server.Kill();
+        killed = true;
+      }
+    };
+    const VerifyReport r = RunVerify(Load(model), o).value();
+    ExpectExact(r);
+    EXPECT_TRUE(killed);
+    EXPECT_GT(r.loads_completed, 0);
+    EXPECT_GT(remote->server_errors(), 0);  // later lookups asked the dead server and missed
   }
 }
 

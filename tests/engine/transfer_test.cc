@@ -11,11 +11,14 @@
 #include <unistd.h>
 
 #include <hkv/connector/host_tier.h>
+#include <hkv/connector/remote_tier.h>
 #include <hkv/connector/tier_transfer.h>
 #include <hkv/engine/engine.h>
 #include <hkv/engine/tiny_model.h>
 #include <hkv/plan/plan.h>
 #include <hkv/spec/config_loader.h>
+
+#include "../connector/redis_server.h"
 
 namespace hkv {
 namespace {
@@ -168,6 +171,35 @@ TEST_P(PrefillDecode, TruncatedOrDamagedTransfersRecomputeExactly) {
     }
     EXPECT_EQ(c.loads_completed + c.loads_failed, c.external_hits);
   }
+}
+
+// Two engine processes sharing one Redis server: the first (a forked child) computes the prompt
+// and stores what it publishes; this one, with its own connection, finds the prefix there.
+TEST_P(PrefillDecode, EngineProcessesSharePrefixesThroughARedisServer) {
+  const Model s = MakeModel(GetParam()).value();
+  testing::RedisServer server;
+  ASSERT_TRUE(server.Start().ok());
+  const RemoteTierOptions options = server.Options("shared");
+  const pid_t child = fork();
+  if (child == 0) {
+    auto model = MakeModel(GetParam());
+    auto remote = RemoteTier::Connect(options);
+    if (!model.ok() || !remote.ok()) _exit(2);
+    _exit(Serve(*model, **remote, /*store=*/true, 1, nullptr).ok() ? 0 : 3);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  auto remote = RemoteTier::Connect(options).value();
+  EngineCounters c;
+  const Sequence seq = Serve(s, *remote, /*store=*/false, 8, &c).value();
+  const DenseCheck d = CheckAgainstDense(s.spec, s.weights, seq);
+  EXPECT_EQ(d.mismatches, 0);
+  EXPECT_LE(d.max_logit_diff, 1e-4f);
+  EXPECT_EQ(c.loads_completed, 1);
+  EXPECT_GE(c.external_hit_tokens, kPrompt - 1 - 2 * s.config.align_tokens());
+  EXPECT_GT(remote->hits(), 0);
+  EXPECT_TRUE(remote->LruOrder().empty());  // it stored nothing: every entry was the other's
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, PrefillDecode,

@@ -1,0 +1,88 @@
+// RemoteTier: the Tier on a shared Redis (or Valkey) server, so that several engine processes
+// share prefixes: what one stores, another finds.
+//
+// Contract: as Tier (hkv/connector/tier.h), with what a shared store changes:
+// - Keys live under `<namespace>:<digest hex>-<group hex>`; engines that share a namespace share
+//   entries. A value is a 48-byte header (magic, version, key, length, XXH3 over header and
+//   payload) and the payload, so a value that is damaged, truncated or another key's is a miss
+//   (NotFound saying what was wrong; the value is deleted and corruptions_detected() counts it),
+//   never wrong bytes.
+// - The byte budget, LRU order and pins cover the entries *this* tier put (its own TierIndex):
+//   a Put evicts this tier's least recently used unpinned entries (DEL on the server) to fit,
+//   LruOrder lists them, Pin/Unpin/Evict apply to them only. Contains and Get also see every
+//   other process's entries in the namespace (EXISTS / GET on the server); an entry another
+//   process put is not evicted by this one (the server's own maxmemory policy bounds the whole).
+// - A Put of a key the server already holds (content-named) keeps the stored value.
+// - A server that is down, slow (past the timeout) or answers with an error never crashes or
+//   hangs a caller: Contains says false, Get and Put fail with kIoError naming the server, the
+//   index is left as it was, server_errors() counts it. The connection is dropped and retried at
+//   most once per `retry_after_ms`, so a dead server costs one failed connect per interval, and
+//   calls in between fail at once.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include <hkv/connector/tier_index.h>
+
+struct redisContext;
+
+namespace hkv {
+
+struct RemoteTierOptions {
+  std::string host = "127.0.0.1";  // TCP; ignored when unix_socket is set
+  int port = 6379;
+  std::string unix_socket;  // a path: connect over a Unix domain socket instead
+  std::string name_space = "hkv";
+  int64_t capacity_bytes = int64_t{1} << 30;  // this tier's own entries (payload bytes)
+  int timeout_ms = 1000;                      // connect and per-command
+  int retry_after_ms = 200;                   // after a failure, calls fail fast this long
+};
+
+class RemoteTier final : public Tier {
+ public:
+  // Connects and checks the server answers PING. kInvalidArgument for bad options (empty host or
+  // namespace, port outside 1..65535, timeouts < 1 ms); kIoError naming the server when it cannot
+  // be reached.
+  static Result<std::unique_ptr<RemoteTier>> Connect(const RemoteTierOptions& options);
+  ~RemoteTier() override;
+  RemoteTier(const RemoteTier&) = delete;
+  RemoteTier& operator=(const RemoteTier&) = delete;
+
+  bool Contains(const PrefixKey& key) const override;
+  Status Put(const PrefixKey& key, std::span<const unsigned char> bytes) override;
+  Result<std::vector<unsigned char>> Get(const PrefixKey& key) override;
+  Status Pin(const PrefixKey& key) override { return index_.Pin(key); }
+  Status Unpin(const PrefixKey& key) override { return index_.Unpin(key); }
+  Status Evict(const PrefixKey& key) override;
+  int64_t capacity_bytes() const override { return index_.capacity_bytes(); }
+  int64_t used_bytes() const override { return index_.used_bytes(); }
+  std::vector<PrefixKey> LruOrder() const override { return index_.LruOrder(); }
+
+  // The server key of `key`.
+  std::string ServerKey(const PrefixKey& key) const;
+  const std::string& server() const { return server_; }
+  int64_t hits() const { return hits_; }
+  int64_t misses() const { return misses_; }
+  int64_t corruptions_detected() const { return corruptions_; }
+  int64_t server_errors() const { return server_errors_; }
+  int64_t reconnects() const { return reconnects_; }
+
+ private:
+  explicit RemoteTier(const RemoteTierOptions& options);
+  // A live connection, reconnecting if the retry interval passed; the failure otherwise.
+  Status Ready() const;
+  Status Open() const;
+  // Records a failed command and drops the connection.
+  Status Fail(const char* what) const;
+
+  RemoteTierOptions options_;
+  std::string server_;  // "host:port" or the socket path, for messages
+  TierIndex index_;
+  mutable redisContext* context_ = nullptr;
+  mutable std::chrono::steady_clock::time_point retry_at_{};
+  mutable int64_t hits_ = 0, misses_ = 0, corruptions_ = 0, server_errors_ = 0, reconnects_ = 0;
+};
+
+}  // namespace hkv

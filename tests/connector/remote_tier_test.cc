@@ -1,0 +1,176 @@
+// RemoteTier against a real redis-server on loopback: two tiers (two engines) share entries
+// through one server, damaged values on the server are misses, a killed server fails every call
+// quickly and a restarted one is reconnected to, bad options are refused by name.
+#include <chrono>
+#include <string>
+
+#include <gtest/gtest.h>
+#include <hiredis/hiredis.h>
+
+#include <hkv/connector/remote_tier.h>
+
+#include "redis_server.h"
+#include "tier_test_util.h"
+
+namespace hkv {
+namespace {
+
+using testing::Bytes;
+using testing::FreshNamespace;
+using testing::K;
+using testing::RedisServer;
+using testing::SharedRedisServer;
+
+std::unique_ptr<RemoteTier> Connect(const RemoteTierOptions& o) {
+  auto t = RemoteTier::Connect(o);
+  EXPECT_TRUE(t.ok()) << t.status().ToString();
+  return std::move(t).value();
+}
+
+// Raw access to the server behind the tier's back.
+class Raw {
+ public:
+  explicit Raw(int port) : c_(redisConnect("127.0.0.1", port)) {}
+  ~Raw() { redisFree(c_); }
+  std::string Get(const std::string& key) {
+    auto* r = static_cast<redisReply*>(redisCommand(c_, "GET %b", key.data(), key.size()));
+    std::string v = r->type == REDIS_REPLY_STRING ? std::string(r->str, r->len) : "";
+    freeReplyObject(r);
+    return v;
+  }
+  void Set(const std::string& key, const std::string& value) {
+    freeReplyObject(
+        redisCommand(c_, "SET %b %b", key.data(), key.size(), value.data(), value.size()));
+  }
+  bool Exists(const std::string& key) {
+    auto* r = static_cast<redisReply*>(redisCommand(c_, "EXISTS %b", key.data(), key.size()));
+    const bool e = r->integer > 0;
+    freeReplyObject(r);
+    return e;
+  }
+
+ private:
+  redisContext* c_;
+};
+
+TEST(RemoteTierTest, TwoTiersShareEntriesThroughOneServer) {
+  const std::string ns = FreshNamespace("share");
+  auto a = Connect(SharedRedisServer().Options(ns));
+  auto b = Connect(SharedRedisServer().Options(ns));
+  auto other = Connect(SharedRedisServer().Options(FreshNamespace("elsewhere")));
+  ASSERT_TRUE(a->Put(K(1), Bytes(1000, 7)).ok());
+  EXPECT_TRUE(b->Contains(K(1)));
+  EXPECT_FALSE(other->Contains(K(1)));  // namespaces keep engines apart
+  EXPECT_EQ(b->Get(K(1)).value(), Bytes(1000, 7));
+  EXPECT_EQ(b->hits(), 1);
+  // b's budget, LRU and pins cover only what b put.
+  EXPECT_TRUE(b->LruOrder().empty());
+  EXPECT_EQ(b->used_bytes(), 0);
+  EXPECT_EQ(b->Evict(K(1)).code(), StatusCode::kNotFound);
+  EXPECT_EQ(b->Pin(K(1)).code(), StatusCode::kNotFound);
+  // A Put of what the server holds keeps the stored value (content-named).
+  ASSERT_TRUE(b->Put(K(1), Bytes(1000, 7)).ok());
+  EXPECT_EQ(b->LruOrder().size(), 1u);
+  // a evicts its own entry: gone for everyone.
+  ASSERT_TRUE(a->Evict(K(1)).ok());
+  EXPECT_FALSE(a->Contains(K(1)) && b->Get(K(1)).ok());
+  EXPECT_EQ(other->Get(K(2)).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(other->misses(), 1);
+}
+
+TEST(RemoteTierTest, DamagedValuesOnTheServerAreMissesNeverWrongBytes) {
+  const std::string ns = FreshNamespace("damage");
+  auto tier = Connect(SharedRedisServer().Options(ns));
+  Raw raw(SharedRedisServer().port());
+  const std::vector<unsigned char> payload = Bytes(300, 0x42);
+  int64_t expected = 0;
+  // Every byte of the value flipped in turn, truncations at several lengths, another key's value,
+  // garbage: each a miss that drops the entry and deletes the value.
+  ASSERT_TRUE(tier->Put(K(2), payload).ok());
+  const std::string other = raw.Get(tier->ServerKey(K(2)));
+  ASSERT_EQ(other.size(), 48u + 300u);
+  std::vector<std::string> damaged;
+  for (size_t i = 0; i < other.size(); i += 7) {
+    std::string v = other;
+    v[i] = static_cast<char>(v[i] ^ 0x10);
+    damaged.push_back(v);
+  }
+  for (size_t n : {size_t{0}, size_t{10}, size_t{47}, size_t{48}, size_t{200}, other.size() - 1})
+    damaged.push_back(other.substr(0, n));
+  damaged.push_back(other + "x");
+  damaged.push_back("not a value at all");
+  for (const std::string& v : damaged) {
+    ASSERT_TRUE(tier->Put(K(1), payload).ok());
+    raw.Set(tier->ServerKey(K(1)), v);
+    auto got = tier->Get(K(1));
+    ++expected;
+    ASSERT_EQ(got.status().code(), StatusCode::kNotFound) << v.size();
+    EXPECT_NE(got.status().message().find("lost"), std::string::npos);
+    EXPECT_FALSE(raw.Exists(tier->ServerKey(K(1))));
+    EXPECT_FALSE(tier->Contains(K(1)));
+  }
+  // Key 2's intact value under key 1's name: another key's value.
+  raw.Set(tier->ServerKey(K(1)), other);
+  EXPECT_EQ(tier->Get(K(1)).status().code(), StatusCode::kNotFound);
+  ++expected;
+  EXPECT_EQ(tier->corruptions_detected(), expected);
+  EXPECT_EQ(tier->Get(K(2)).value(), payload);
+}
+
+TEST(RemoteTierTest, AKilledServerFailsFastAndARestartedOneIsReconnected) {
+  RedisServer server;
+  ASSERT_TRUE(server.Start().ok());
+  auto tier = Connect(server.Options("kill"));
+  ASSERT_TRUE(tier->Put(K(1), Bytes(100, 1)).ok());
+  ASSERT_TRUE(tier->Put(K(2), Bytes(100, 2)).ok());
+  server.Kill();
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < 50; ++i) {
+    EXPECT_FALSE(tier->Contains(K(3)));
+    const auto got = tier->Get(K(1));
+    EXPECT_EQ(got.status().code(), StatusCode::kIoError);
+    EXPECT_NE(got.status().message().find(tier->server()), std::string::npos);
+    EXPECT_EQ(tier->Put(K(4), Bytes(10, 4)).code(), StatusCode::kIoError);
+  }
+  // 150 calls against a dead server: connection refused or failing fast, never a timeout each.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  EXPECT_GT(tier->server_errors(), 0);
+  EXPECT_EQ(tier->LruOrder().size(), 2u);  // failed Puts changed nothing
+  EXPECT_EQ(tier->used_bytes(), 200);
+  ASSERT_TRUE(server.Restart().ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(60));  // past the retry interval
+  // The restarted server lost everything: our entries are misses, and the tier forgets them.
+  EXPECT_EQ(tier->Get(K(1)).status().code(), StatusCode::kNotFound);
+  EXPECT_GE(tier->reconnects(), 1);
+  ASSERT_TRUE(tier->Put(K(5), Bytes(100, 5)).ok());
+  EXPECT_EQ(tier->Get(K(5)).value(), Bytes(100, 5));
+}
+
+TEST(RemoteTierTest, BadOptionsAndUnreachableServersAreRefusedByName) {
+  RemoteTierOptions o;
+  o.host = "";
+  EXPECT_EQ(RemoteTier::Connect(o).status().code(), StatusCode::kInvalidArgument);
+  o = RemoteTierOptions{};
+  o.port = 70000;
+  EXPECT_EQ(RemoteTier::Connect(o).status().code(), StatusCode::kInvalidArgument);
+  o = SharedRedisServer().Options("a:b");
+  EXPECT_EQ(RemoteTier::Connect(o).status().code(), StatusCode::kInvalidArgument);
+  o = SharedRedisServer().Options("");
+  EXPECT_EQ(RemoteTier::Connect(o).status().code(), StatusCode::kInvalidArgument);
+  o = SharedRedisServer().Options("ok");
+  o.timeout_ms = 0;
+  EXPECT_EQ(RemoteTier::Connect(o).status().code(), StatusCode::kInvalidArgument);
+  // Nothing listens there (a server started and killed).
+  RedisServer dead;
+  ASSERT_TRUE(dead.Start().ok());
+  dead.Kill();
+  const Status s = RemoteTier::Connect(dead.Options("x")).status();
+  EXPECT_EQ(s.code(), StatusCode::kIoError);
+  EXPECT_NE(s.message().find(std::to_string(dead.port())), std::string::npos) << s.ToString();
+  o = RemoteTierOptions{};
+  o.unix_socket = "/nonexistent/redis.sock";
+  EXPECT_EQ(RemoteTier::Connect(o).status().code(), StatusCode::kIoError);
+}
+
+}  // namespace
+}  // namespace hkv
