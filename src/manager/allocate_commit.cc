@@ -265,7 +265,8 @@ Status KvCacheManager::Impl::Allocate(Request& r, int64_t num_new, const PrefixH
           if (j >= nb.sinks && j < nb.lo) continue;
           const int32_t b = hit_blocks[k++];
           if (b == kLoad) {
-            r.loads.push_back({g, gc.pool, BlockPool::kNullBlock, TokenKey(r, g, j), false});
+            r.loads.push_back(
+                {g, gc.pool, BlockPool::kNullBlock, TokenKey(r, g, j), false, j * gc.block_tokens});
             load_index.push_back(j);
             continue;
           }
@@ -284,7 +285,8 @@ Status KvCacheManager::Impl::Allocate(Request& r, int64_t num_new, const PrefixH
       } else if (gc.is_state() && begin > 0) {
         const int32_t b = hit_blocks[k++];
         if (b == kLoad) {
-          r.loads.push_back({g, gc.pool, BlockPool::kNullBlock, StateKey(r, g, begin), true});
+          r.loads.push_back(
+              {g, gc.pool, BlockPool::kNullBlock, StateKey(r, g, begin), true, begin});
           load_index.push_back(-1);
           continue;
         }
@@ -468,7 +470,7 @@ Status KvCacheManager::Impl::Commit(Request& r, int64_t c) {
     if (gc.is_encoder()) {
       if (!r.encoder_ready) {
         for (size_t i = 0; i < gs.table.size(); ++i) {
-          PublishBlock(pool, gs.table[i], {r.encoder_hashes[i], g});
+          PublishBlock(pool, gs.table[i], {r.encoder_hashes[i], g}, r.id);
         }
       }
     } else if (IsDecoderTokens(gc)) {
@@ -477,7 +479,7 @@ Status KvCacheManager::Impl::Commit(Request& r, int64_t c) {
       const int64_t full = gs.evicted > 0 ? 0 : publish_limit / bs;
       for (int64_t j = gs.num_published; j < full; ++j) {
         const int32_t b = gs.table[static_cast<size_t>(j)];
-        if (b != BlockPool::kNullBlock) PublishBlock(pool, b, TokenKey(r, g, j));
+        if (b != BlockPool::kNullBlock) PublishBlock(pool, b, TokenKey(r, g, j), r.id, j * bs);
       }
       gs.num_published = std::max<int32_t>(gs.num_published, static_cast<int32_t>(full));
       if (ReleasesTokens(gc)) {
@@ -513,7 +515,7 @@ Status KvCacheManager::Impl::Commit(Request& r, int64_t c) {
       for (const StateSnapshot& s : gs.snaps) {
         if (s.slot == live) continue;
         if (s.position <= publish_limit && IsCheckpoint(r, s.position)) {
-          PublishBlock(pool, s.slot, StateKey(r, g, s.position));
+          PublishBlock(pool, s.slot, StateKey(r, g, s.position), r.id, s.position);
           to_release.push_back(s.slot);
         } else if (config.enable_prefix_caching && s.position <= publish_limit &&
                    s.position % align == 0 && s.position > gs.rolling.position) {
@@ -536,7 +538,7 @@ Status KvCacheManager::Impl::Commit(Request& r, int64_t c) {
       if (config.enable_prefix_caching && c > 0 && c % align == 0 && c <= publish_limit &&
           live != BlockPool::kNullBlock && !pools[static_cast<size_t>(pool)].has_identity(live)) {
         if (IsCheckpoint(r, c)) {
-          PublishBlock(pool, live, StateKey(r, g, c));
+          PublishBlock(pool, live, StateKey(r, g, c), r.id, c);
         } else if (gs.rolling.block != live) {
           if (gs.rolling.block != BlockPool::kNullBlock) to_release.push_back(gs.rolling.block);
           gs.rolling = {c, live};

@@ -273,11 +273,12 @@ void KvCacheManager::Impl::AcquireHeld(int32_t pool, int32_t block) {
   Must(pools[static_cast<size_t>(pool)].Acquire(block));
 }
 
-void KvCacheManager::Impl::PublishBlock(int32_t pool, int32_t block, const PrefixKey& key) {
+void KvCacheManager::Impl::PublishBlock(int32_t pool, int32_t block, const PrefixKey& key,
+                                        RequestId origin, int64_t position) {
   if (!config.enable_prefix_caching) return;
   BlockPool& bp = pools[static_cast<size_t>(pool)];
   if (bp.has_identity(block)) return;
-  Must(bp.Publish(block, key));
+  Must(bp.Publish(block, key, origin, position));
 }
 
 // ---- public API: registration ---------------------------------------------------------------
@@ -469,7 +470,7 @@ Status KvCacheManager::FinishLoad(RequestId id, bool loaded) {
     return Status::Ok();
   }
   for (const BlockLoad& l : r->loads)
-    m.PublishBlock(l.pool, l.block, l.key);
+    m.PublishBlock(l.pool, l.block, l.key, id, l.position);
   m.stats.blocks_loaded += static_cast<int64_t>(r->loads.size());
   r->loads.clear();
   return Status::Ok();
@@ -646,7 +647,8 @@ std::vector<ManagerEvent> KvCacheManager::TakeEvents() {
   std::vector<ManagerEvent> out;
   for (size_t p = 0; p < impl_->pools.size(); ++p) {
     for (const KvEvent& e : impl_->pools[p].TakeEvents()) {
-      out.push_back({e.kind, static_cast<int32_t>(p), e.key.group, e.key.hash, e.block});
+      out.push_back({e.kind, static_cast<int32_t>(p), e.key.group, e.key.hash, e.block, e.origin,
+                     e.position});
     }
   }
   return out;

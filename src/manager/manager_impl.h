@@ -187,7 +187,9 @@ struct KvCacheManager::Impl {
   void Release(int32_t pool, std::span<const int32_t> blocks, Retention retention);
   void ReleaseOne(int32_t pool, int32_t block, Retention retention);
   void AcquireHeld(int32_t pool, int32_t block);
-  void PublishBlock(int32_t pool, int32_t block, const PrefixKey& key);
+  // origin/position: what the stored event says published it (ManagerEvent).
+  void PublishBlock(int32_t pool, int32_t block, const PrefixKey& key, RequestId origin = 0,
+                    int64_t position = -1);
   void PlanSnapshots(const Request& r, int64_t begin, int64_t end, int64_t divergence,
                      std::vector<int64_t>& out) const;
 

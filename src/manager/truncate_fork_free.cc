@@ -200,11 +200,12 @@ void KvCacheManager::Impl::FreeRequest(Request& r) {
       const int64_t c = r.computed;
       if (gs.live != BlockPool::kNullBlock && c > 0 && c % align == 0 && c <= r.known() &&
           c <= r.publish_until && !r.step_open) {
-        PublishBlock(gc.pool, gs.live, StateKey(r, g, c));
+        PublishBlock(gc.pool, gs.live, StateKey(r, g, c), r.id, c);
         live_position = c;
       }
       if (gs.rolling.block != BlockPool::kNullBlock) {
-        PublishBlock(gc.pool, gs.rolling.block, StateKey(r, g, gs.rolling.position));
+        PublishBlock(gc.pool, gs.rolling.block, StateKey(r, g, gs.rolling.position), r.id,
+                     gs.rolling.position);
       }
       rolling_position = gs.rolling.position;
       for (const StateSnapshot& s : gs.snaps)

@@ -279,5 +279,41 @@ TEST(ExternalLoadTest, BadCallsAreRefusedAndChangeNothing) {
   d.Free(1);
 }
 
+// Stored events say which request published a block and where its tokens start (a state
+// checkpoint: the position it follows), including blocks published by FinishLoad.
+TEST(ExternalLoadTest, StoredEventsNameTheRequestAndPosition) {
+  const ManagerConfig c = MakeConfig({64, 64}, {Full(4), StateGroup(1)});
+  FakeStore store;
+  Publish(c, Seq(21), store);
+  Driver d(c);
+  d.Add(7, Seq(21));
+  const PrefixHit hit = d.m().Lookup(7, store).value();
+  ASSERT_GT(hit.loads, 0);
+  ASSERT_TRUE(d.m().Allocate(7, 21 - hit.tokens, hit).ok());
+  ASSERT_TRUE(d.m().FinishLoad(7, true).ok());
+  std::vector<ManagerEvent> events = d.m().TakeEvents();
+  ASSERT_EQ(static_cast<int32_t>(events.size()), hit.loads);
+  for (const ManagerEvent& e : events) {
+    EXPECT_EQ(e.request, 7u);
+    if (e.group == 0) {
+      EXPECT_EQ(e.position % 4, 0);
+      EXPECT_LT(e.position, hit.tokens);
+    } else {
+      EXPECT_EQ(e.position, hit.tokens);  // the checkpoint the hit continues from
+    }
+  }
+  ASSERT_TRUE(d.m().Commit(7, 21).ok());
+  d.Decode(7, 3);
+  d.Free(7);
+  for (const ManagerEvent& e : d.m().TakeEvents()) {
+    if (e.kind != KvEvent::Kind::kStored) continue;
+    EXPECT_EQ(e.request, 7u);
+    EXPECT_GE(e.position, hit.tokens);  // published by this request's own steps
+    if (e.group == 0) {
+      EXPECT_EQ(e.position % 4, 0);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace hkv::testing

@@ -47,6 +47,11 @@ struct ManagerEvent {
   int32_t group = 0;  // unused for kCleared
   BlockHash hash;     // unused for kCleared
   int32_t block = 0;  // unused for kCleared
+  // Stored events: the request that published the block and the decoder position its tokens
+  // start at (a state checkpoint: the position it follows; the block then stands for the whole
+  // prefix); 0 and -1 for encoder blocks and identities that moved with a compacted page.
+  RequestId request = 0;
+  int64_t position = -1;
 };
 
 struct PoolUsage {

@@ -54,6 +54,7 @@ struct BlockLoad {
   int32_t block = 0;
   PrefixKey key;
   bool state = false;
+  int64_t position = 0;  // where the block's tokens start; a checkpoint: the position it follows
 };
 
 // Copy block `src` into block `dst` of `group` before this step's forward pass (copy-on-write

@@ -51,6 +51,11 @@ struct KvEvent {
   Kind kind = Kind::kStored;
   PrefixKey key;      // unused for kCleared
   int32_t block = 0;  // unused for kCleared
+  // Stored events: who published the block (Publish's origin and position: for the manager, a
+  // request and the position the block starts at, or a checkpoint's position); 0 and -1 for an
+  // identity that moved with its page (compaction) or a publisher that gave none.
+  uint64_t origin = 0;
+  int64_t position = -1;
 };
 
 class BlockPool {
@@ -78,7 +83,7 @@ class BlockPool {
   Status Reacquire(int32_t block);
   // Gives a held block its prefix identity. If another block already has the key the index is
   // left as it is and the call succeeds: the caller's copy stays private.
-  Status Publish(int32_t block, const PrefixKey& key);
+  Status Publish(int32_t block, const PrefixKey& key, uint64_t origin = 0, int64_t position = -1);
   // Drops one reference per listed block (a block may be listed as often as it is referenced).
   // Blocks that become free are queued for eviction in the order listed, at the tail or, with
   // Retention::kLow, at the head of the free list.
@@ -168,7 +173,8 @@ class BlockPool {
   void Prepend(int32_t block);
   void InsertAfterHeadRun(int32_t block);  // tick 0, after the blocks queued at the head
   void DropIdentity(int32_t block);
-  void Record(KvEvent::Kind kind, const PrefixKey& key, int32_t block);
+  void Record(KvEvent::Kind kind, const PrefixKey& key, int32_t block, uint64_t origin = 0,
+              int64_t position = -1);
   // Reference transitions 0 -> 1 and 1 -> 0, and identity changes, as seen by the segments.
   void Held(int32_t block);
   void Released(int32_t block);
@@ -184,7 +190,8 @@ class BlockPool {
   void Link(int32_t block, int32_t after, uint64_t tick);
   // Gives a block a prefix identity (stored event), probing the index once; when another block
   // holds the identity already, changes nothing.
-  bool Store(int32_t block, const PrefixKey& key);  // false: another block holds key
+  // false: another block holds key
+  bool Store(int32_t block, const PrefixKey& key, uint64_t origin = 0, int64_t position = -1);
 
   std::vector<int32_t> ref_;
   std::vector<int32_t> prev_, next_;  // free-list links, -1 at the ends
