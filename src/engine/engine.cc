@@ -150,11 +150,29 @@ Status Engine::Submit(const GenerationRequest& request) {
 
 Status Engine::AfterManagerCall() {
   if (options_.poison_free_blocks) HKV_RETURN_IF_ERROR(cache_.PoisonFreeBlocks(*manager_));
+  if (!connector_ && options_.kv_events == nullptr) return Status::Ok();
+  const std::vector<ManagerEvent> events = manager_->TakeEvents();
+  if (events.empty()) return Status::Ok();
   // Published blocks are exported now, before any later call can hand them out again.
-  if (connector_ && options_.offload->store) {
-    HKV_RETURN_IF_ERROR(connector_->Store(manager_->TakeEvents()));
+  if (connector_ && options_.offload->store) HKV_RETURN_IF_ERROR(connector_->Store(events));
+  if (options_.kv_events != nullptr) {
+    HKV_RETURN_IF_ERROR(
+        options_.kv_events->Publish(events, [this](RequestId id) { return KnownTokens(id); }));
   }
   return Status::Ok();
+}
+
+std::span<const int32_t> Engine::KnownTokens(RequestId id) const {
+  for (const auto& r : running_) {
+    if (r->seq.id == id) return r->seq.tokens;
+  }
+  for (const auto& r : waiting_) {
+    if (r->seq.id == id) return r->seq.tokens;
+  }
+  for (auto it = finished_.rbegin(); it != finished_.rend(); ++it) {
+    if (it->id == id) return it->tokens;
+  }
+  return {};
 }
 
 Status Engine::MaybeCompact() {

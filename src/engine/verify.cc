@@ -112,6 +112,16 @@ Result<VerifyReport> RunVerify(const ModelSpec& real, const VerifyOptions& o) {
     eo.sparse->record_steps = true;
   }
   eo.offload = o.offload;
+  std::unique_ptr<KvEventPublisher> publisher;
+  if (o.kv_events) {
+    HKV_ASSIGN_OR_RETURN(publisher, KvEventPublisher::Bind(*o.kv_events, KvEventGroupsOf(plan)));
+    if (o.kv_events_wait_ms > 0 && !publisher->WaitForSubscriber(o.kv_events_wait_ms)) {
+      return Status::FailedPrecondition(
+          fmt::format("verify: no KV-event subscriber on {} within {} ms", publisher->endpoint(),
+                      o.kv_events_wait_ms));
+    }
+    eo.kv_events = publisher.get();
+  }
   HKV_ASSIGN_OR_RETURN(auto engine, Engine::Create(spec, weights, plan, config, eo));
 
   SplitMix64 rng(o.seed);
@@ -202,6 +212,7 @@ Result<VerifyReport> RunVerify(const ModelSpec& real, const VerifyOptions& o) {
   retire();
   add_counters();
   report.engines = part + 1;
+  if (publisher) report.kv_event_batches = publisher->next_sequence();
   for (const Sequence& seq : done) {
     const DenseCheck dense = CheckAgainstDense(spec, weights, seq);
     const DenseCheck c = o.sparse ? CheckAgainstMasked(spec, weights, seq) : dense;

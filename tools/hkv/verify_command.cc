@@ -39,6 +39,12 @@ CLI::App* AddVerifyCommand(CLI::App& app, VerifyArgs& args) {
                   "with --offload: fresh engines (empty cache, same tier) serve this many later "
                   "parts of the workload")
       ->check(CLI::Range(0, 100));
+  cmd->add_option("--kv-events", args.kv_events,
+                  "publish every KV-cache event in vLLM's format on this ZeroMQ endpoint "
+                  "(e.g. tcp://127.0.0.1:5557)");
+  cmd->add_option("--kv-events-wait-ms", args.kv_events_wait_ms,
+                  "with --kv-events: wait this long for a subscriber before the run")
+      ->check(CLI::Range(0, 600000));
   cmd->add_flag("--json", args.json, "print JSON");
   return cmd;
 }
@@ -98,6 +104,12 @@ int RunVerifyCommand(const VerifyArgs& args, std::ostream& out, std::ostream& er
     err << "hkv verify: --restarts needs --offload (a fresh engine without a tier starts empty)\n";
     return 2;
   }
+  if (!args.kv_events.empty()) {
+    KvEventPublisherOptions ko;
+    ko.endpoint = args.kv_events;
+    options.kv_events = ko;
+    options.kv_events_wait_ms = args.kv_events_wait_ms;
+  }
   auto report = RunVerify(*model, options);
   if (!temp_dir.empty()) {
     tier.reset();
@@ -138,6 +150,7 @@ int RunVerifyCommand(const VerifyArgs& args, std::ostream& out, std::ostream& er
                      {"tokens_evicted", f.tokens_evicted},
                      {"blocks_evicted", f.blocks_evicted},
                      {"evictions_deferred", f.evictions_deferred}};
+    if (options.kv_events) j["kv_event_batches"] = r.kv_event_batches;
     if (options.offload) {
       j["offload"] = {{"tier", args.offload},
                       {"engines", r.engines},
@@ -165,6 +178,10 @@ int RunVerifyCommand(const VerifyArgs& args, std::ostream& out, std::ostream& er
           "  (checked against attention masked to the kept tokens; {} differ from dense)\n",
           PolicyKindName(options.sparse->policy.kind), f.evictions, f.tokens_evicted,
           f.blocks_evicted, f.evictions_deferred, r.dense_mismatches);
+    }
+    if (options.kv_events) {
+      out << fmt::format("  KV events: {} batches published on {}\n", r.kv_event_batches,
+                         args.kv_events);
     }
     if (options.offload) {
       out << fmt::format(

@@ -29,6 +29,10 @@ struct VerifyArgs {
   std::string budget;
   // Offload: "host", or "disk" (a fresh directory under the system's temp dir) or "disk:DIR".
   std::string offload;
+  // KV events: a ZeroMQ endpoint to publish the run's events on (vLLM's format), and how long to
+  // wait for a subscriber first.
+  std::string kv_events;
+  int kv_events_wait_ms = 0;
 };
 
 CLI::App* AddVerifyCommand(CLI::App& app, VerifyArgs& args);

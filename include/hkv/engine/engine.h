@@ -33,6 +33,7 @@
 #include <hkv/common/result.h>
 #include <hkv/common/splitmix64.h>
 #include <hkv/connector/block_memory_view.h>
+#include <hkv/connector/kv_events.h>
 #include <hkv/connector/tier_connector.h>
 #include <hkv/engine/masked_reference.h>
 #include <hkv/engine/paged_kv_cache.h>
@@ -91,6 +92,9 @@ struct EngineOptions {
   // evicted cannot be truncated).
   std::optional<SparseKvOptions> sparse;
   std::optional<OffloadOptions> offload;
+  // KV events: every manager event, published as it happens (one batch per manager call that
+  // produced any), with the tokens of the request that stored each block. Not owned.
+  KvEventPublisher* kv_events = nullptr;
 };
 
 struct GenerationRequest {
@@ -232,6 +236,8 @@ class Engine {
   int32_t Sample(Live& r, std::span<const float> logits, int64_t pos);
   int64_t WindowNulls(RequestId id) const;
   Status AfterManagerCall();
+  // The tokens request `id` knows (running, waiting or finished); empty if none is.
+  std::span<const int32_t> KnownTokens(RequestId id) const;
   // The compaction policy, at the start of a step.
   Status MaybeCompact();
   // Sparse KV (sparse_kv.cc). StartSparse: fresh policies for a request starting over at `hit`.

@@ -47,6 +47,11 @@ struct VerifyOptions {
   // Called after every scheduler step with the index of the engine serving it (0 .. restarts)
   // and that engine's counters: fault tests use it to break a tier mid-run.
   std::function<void(int32_t engine, const EngineCounters& counters)> after_step;
+  // KV events: a publisher bound with these options (groups from the scaled model's plan)
+  // publishes every manager event of the run; first it waits up to kv_events_wait_ms for a
+  // subscriber, so that one started alongside misses nothing.
+  std::optional<KvEventPublisherOptions> kv_events;
+  int kv_events_wait_ms = 0;
 };
 
 struct VerifyReport {
@@ -68,6 +73,7 @@ struct VerifyReport {
   int64_t loads_completed = 0;
   int64_t loads_failed = 0;
   int32_t engines = 1;
+  int64_t kv_event_batches = 0;  // batches published (VerifyOptions::kv_events)
 };
 
 Result<VerifyReport> RunVerify(const ModelSpec& real, const VerifyOptions& options);

@@ -1,0 +1,116 @@
+// KV events for KV-aware routers: the manager's stored / removed / cleared events in vLLM's
+// KV-event wire format (msgpack), published over ZeroMQ.
+//
+// Contract (format followed: vllm/distributed/kv_events.py as of late 2026, where
+// KVCacheEvent is a tagged msgspec Struct without array_like, EventBatch is array_like):
+// - A batch is a msgpack array [ts (float64), [event, ...]] (plus data_parallel_rank when set).
+//   Each event is a map tagged by "type": BlockStored {block_hashes, parent_block_hash,
+//   token_ids, block_size, lora_id, medium, lora_name, group_idx, kv_cache_spec_kind,
+//   kv_cache_spec_sliding_window (windows only)}, BlockRemoved {block_hashes, medium,
+//   group_idx}, AllBlocksCleared {}. Fields whose vLLM default is None are left out when None,
+//   as msgspec's omit_defaults does; the others are always there (nil when unknown).
+// - Block hashes are the 16 bytes of the 128-bit prefix digest, big-endian (vLLM allows bytes or
+//   int; a 128-bit digest does not fit msgpack's 64-bit ints). They are namespaced per group, so
+//   group_idx says which group's block it is; parent_block_hash is nil (the manager's events do
+//   not carry it; consecutive blocks of one request are sent in one event, in order).
+// - Consecutive stored events of one request and group at consecutive positions become one
+//   BlockStored; consecutive removals of one group one BlockRemoved. token_ids of a KV group are
+//   the tokens the blocks hold (block_size = the group's block tokens); a recurrent checkpoint
+//   stands for its whole prefix, so token_ids are tokens [0, position) and block_size = position.
+//   Tokens come from the caller (RequestTokens); when unknown they are an empty list.
+// - The publisher binds a ZeroMQ XPUB socket (SUB peers connect as to vLLM's PUB) and sends each
+//   batch as [topic, sequence (int64 big-endian, from 0, +1 per batch), payload]. With a replay
+//   endpoint it binds a ROUTER socket too, served by a thread: a request [sequence] (from a DEALER
+//   or REQ peer) is answered with every buffered batch from that sequence on, each as
+//   [sequence, payload], then [-1, empty]. The newest `replay_buffer` batches are kept.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <hkv/common/result.h>
+#include <hkv/manager/kv_cache_manager.h>
+#include <hkv/plan/plan.h>
+
+namespace hkv {
+
+// What events say about a group: vLLM's kv_cache_spec_kind ("full_attention", "mla_attention",
+// "sliding_window", "chunked_local_attention", "mamba", "cross_attention"), its block size and
+// window.
+struct KvEventGroup {
+  std::string kind;
+  int32_t block_tokens = 0;
+  std::optional<int64_t> sliding_window;
+};
+std::vector<KvEventGroup> KvEventGroupsOf(const Plan& plan);
+
+// The tokens a request knows (empty when the caller does not know the request).
+using RequestTokens = std::function<std::span<const int32_t>(RequestId)>;
+
+struct KvEventEncoding {
+  std::string medium = "GPU";
+  std::optional<int64_t> data_parallel_rank;
+};
+
+// One batch's payload. kInvalidArgument for an event of a group outside `groups`.
+Result<std::vector<unsigned char>> EncodeKvEventBatch(std::span<const ManagerEvent> events,
+                                                      std::span<const KvEventGroup> groups,
+                                                      const RequestTokens& tokens,
+                                                      const KvEventEncoding& encoding, double ts);
+
+struct KvEventPublisherOptions {
+  std::string endpoint = "tcp://127.0.0.1:5557";  // bound; "tcp://127.0.0.1:*" picks a port
+  std::string replay_endpoint;                    // empty: no replay socket
+  std::string topic = "kv-events";
+  KvEventEncoding encoding;
+  size_t replay_buffer = 10000;  // batches kept for replay
+};
+
+class KvEventPublisher {
+ public:
+  // kInvalidArgument for an empty endpoint or topic; kIoError naming the endpoint when a socket
+  // cannot be bound.
+  static Result<std::unique_ptr<KvEventPublisher>> Bind(const KvEventPublisherOptions& options,
+                                                        std::vector<KvEventGroup> groups);
+  ~KvEventPublisher();
+  KvEventPublisher(const KvEventPublisher&) = delete;
+  KvEventPublisher& operator=(const KvEventPublisher&) = delete;
+
+  // Sends the events as one batch (nothing for none). A send failure is kIoError; the sequence
+  // number is used either way, so subscribers see the gap and can ask for a replay.
+  Status Publish(std::span<const ManagerEvent> events, const RequestTokens& tokens);
+  // Waits until some subscriber has subscribed (XPUB sees the subscription), at most timeout_ms.
+  bool WaitForSubscriber(int timeout_ms);
+
+  int64_t next_sequence() const;
+  const std::string& endpoint() const { return endpoint_; }  // as bound (real port)
+  const std::string& replay_endpoint() const { return replay_endpoint_; }
+
+ private:
+  KvEventPublisher() = default;
+  void ServeReplay();
+
+  KvEventPublisherOptions options_;
+  std::vector<KvEventGroup> groups_;
+  void* context_ = nullptr;
+  void* pub_ = nullptr;
+  void* replay_ = nullptr;
+  std::string endpoint_, replay_endpoint_;
+  bool subscribed_ = false;
+  mutable std::mutex mu_;  // guards buffer_ and sequence_ (the replay thread reads them)
+  std::deque<std::pair<int64_t, std::vector<unsigned char>>> buffer_;
+  int64_t sequence_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread replay_thread_;
+};
+
+}  // namespace hkv

@@ -1,0 +1,181 @@
+// KvEventPublisher: batches over a ZeroMQ XPUB socket, and a replay ROUTER served by a thread.
+#include <chrono>
+#include <cstring>
+
+#include <fmt/format.h>
+#include <zmq.h>
+
+#include <hkv/connector/kv_events.h>
+
+namespace hkv {
+namespace {
+
+void BigEndian(int64_t v, unsigned char out[8]) {
+  const auto u = static_cast<uint64_t>(v);
+  for (int i = 0; i < 8; ++i)
+    out[i] = static_cast<unsigned char>(u >> (56 - 8 * i));
+}
+
+int64_t FromBigEndian(const unsigned char* p) {
+  uint64_t u = 0;
+  for (int i = 0; i < 8; ++i)
+    u = (u << 8) | p[i];
+  return static_cast<int64_t>(u);
+}
+
+std::string LastEndpoint(void* socket) {
+  char buf[256];
+  size_t len = sizeof(buf);
+  if (zmq_getsockopt(socket, ZMQ_LAST_ENDPOINT, buf, &len) != 0) return "";
+  return std::string(buf, strnlen(buf, len));
+}
+
+// Sends parts as one multipart message; false on any failure.
+bool SendParts(void* socket, std::initializer_list<std::pair<const void*, size_t>> parts) {
+  size_t i = 0;
+  for (const auto& [data, size] : parts) {
+    const int flags = ++i < parts.size() ? ZMQ_SNDMORE : 0;
+    if (zmq_send(socket, data, size, flags) < 0) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<KvEventPublisher>> KvEventPublisher::Bind(
+    const KvEventPublisherOptions& options, std::vector<KvEventGroup> groups) {
+  if (options.endpoint.empty() || options.topic.empty()) {
+    return Status::InvalidArgument("kv events: the endpoint and the topic must not be empty");
+  }
+  std::unique_ptr<KvEventPublisher> p(new KvEventPublisher());
+  p->options_ = options;
+  p->groups_ = std::move(groups);
+  p->context_ = zmq_ctx_new();
+  p->pub_ = zmq_socket(p->context_, ZMQ_XPUB);
+  const int linger = 0;
+  zmq_setsockopt(p->pub_, ZMQ_LINGER, &linger, sizeof(linger));
+  if (zmq_bind(p->pub_, options.endpoint.c_str()) != 0) {
+    return Status::IoError(fmt::format("kv events: cannot bind the publisher to {}: {}",
+                                       options.endpoint, zmq_strerror(zmq_errno())));
+  }
+  p->endpoint_ = LastEndpoint(p->pub_);
+  if (!options.replay_endpoint.empty()) {
+    p->replay_ = zmq_socket(p->context_, ZMQ_ROUTER);
+    zmq_setsockopt(p->replay_, ZMQ_LINGER, &linger, sizeof(linger));
+    if (zmq_bind(p->replay_, options.replay_endpoint.c_str()) != 0) {
+      return Status::IoError(fmt::format("kv events: cannot bind the replay socket to {}: {}",
+                                         options.replay_endpoint, zmq_strerror(zmq_errno())));
+    }
+    p->replay_endpoint_ = LastEndpoint(p->replay_);
+    p->replay_thread_ = std::thread([q = p.get()] { q->ServeReplay(); });
+  }
+  return p;
+}
+
+KvEventPublisher::~KvEventPublisher() {
+  stop_ = true;
+  if (replay_thread_.joinable()) replay_thread_.join();
+  if (replay_ != nullptr) zmq_close(replay_);
+  if (pub_ != nullptr) zmq_close(pub_);
+  if (context_ != nullptr) zmq_ctx_term(context_);
+}
+
+bool KvEventPublisher::WaitForSubscriber(int timeout_ms) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (!subscribed_) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          deadline - std::chrono::steady_clock::now())
+                          .count();
+    if (left <= 0) return false;
+    zmq_pollitem_t item{pub_, 0, ZMQ_POLLIN, 0};
+    if (zmq_poll(&item, 1, static_cast<long>(left)) <= 0) continue;
+    unsigned char msg[256];
+    const int n = zmq_recv(pub_, msg, sizeof(msg), ZMQ_DONTWAIT);
+    if (n > 0 && msg[0] == 1) subscribed_ = true;  // 1: subscribe, 0: unsubscribe
+  }
+  return true;
+}
+
+int64_t KvEventPublisher::next_sequence() const {
+  std::lock_guard lock(mu_);
+  return sequence_;
+}
+
+Status KvEventPublisher::Publish(std::span<const ManagerEvent> events,
+                                 const RequestTokens& tokens) {
+  if (events.empty()) return Status::Ok();
+  const double ts =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  HKV_ASSIGN_OR_RETURN(std::vector<unsigned char> payload,
+                       EncodeKvEventBatch(events, groups_, tokens, options_.encoding, ts));
+  // Subscription messages queue on an XPUB socket: read them so they never pile up.
+  unsigned char sub[256];
+  while (zmq_recv(pub_, sub, sizeof(sub), ZMQ_DONTWAIT) > 0) {
+    if (sub[0] == 1) subscribed_ = true;
+  }
+  int64_t seq = 0;
+  {
+    std::lock_guard lock(mu_);
+    seq = sequence_++;
+  }
+  unsigned char seq_bytes[8];
+  BigEndian(seq, seq_bytes);
+  const bool sent = SendParts(pub_, {{options_.topic.data(), options_.topic.size()},
+                                     {seq_bytes, 8},
+                                     {payload.data(), payload.size()}});
+  if (replay_ != nullptr) {
+    std::lock_guard lock(mu_);
+    buffer_.emplace_back(seq, std::move(payload));
+    while (buffer_.size() > options_.replay_buffer)
+      buffer_.pop_front();
+  }
+  if (!sent) {
+    return Status::IoError(fmt::format("kv events: sending batch {} on {} failed: {}", seq,
+                                       endpoint_, zmq_strerror(zmq_errno())));
+  }
+  return Status::Ok();
+}
+
+void KvEventPublisher::ServeReplay() {
+  while (!stop_) {
+    zmq_pollitem_t item{replay_, 0, ZMQ_POLLIN, 0};
+    if (zmq_poll(&item, 1, 50) <= 0) continue;
+    // [identity, (empty delimiter from a REQ peer,) 8-byte start sequence]
+    std::vector<std::vector<unsigned char>> parts;
+    int more = 1;
+    while (more != 0) {
+      zmq_msg_t m;
+      zmq_msg_init(&m);
+      if (zmq_msg_recv(&m, replay_, 0) < 0) {
+        zmq_msg_close(&m);
+        break;
+      }
+      const auto* d = static_cast<const unsigned char*>(zmq_msg_data(&m));
+      parts.emplace_back(d, d + zmq_msg_size(&m));
+      size_t len = sizeof(more);
+      zmq_getsockopt(replay_, ZMQ_RCVMORE, &more, &len);
+      zmq_msg_close(&m);
+    }
+    if (parts.size() < 2 || parts.back().size() != 8) continue;  // not a replay request
+    const int64_t from = FromBigEndian(parts.back().data());
+    const std::vector<unsigned char>& id = parts.front();
+    std::vector<std::pair<int64_t, std::vector<unsigned char>>> batches;
+    {
+      std::lock_guard lock(mu_);
+      for (const auto& b : buffer_) {
+        if (b.first >= from) batches.push_back(b);
+      }
+    }
+    unsigned char seq_bytes[8];
+    for (const auto& [seq, payload] : batches) {
+      BigEndian(seq, seq_bytes);
+      SendParts(
+          replay_,
+          {{id.data(), id.size()}, {"", 0}, {seq_bytes, 8}, {payload.data(), payload.size()}});
+    }
+    BigEndian(-1, seq_bytes);
+    SendParts(replay_, {{id.data(), id.size()}, {"", 0}, {seq_bytes, 8}, {"", 0}});
+  }
+}
+
+}  // namespace hkv

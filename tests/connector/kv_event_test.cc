@@ -1,0 +1,216 @@
+// KV events: the manager's events in vLLM's wire format, decoded back here with msgpack, and the
+// ZeroMQ publisher's sequence numbers, replay and refusals.
+#include <map>
+#include <string>
+
+#include <gtest/gtest.h>
+#include <zmq.h>
+
+#define MSGPACK_NO_BOOST
+#include <msgpack.hpp>
+
+#include <hkv/connector/kv_events.h>
+
+namespace hkv {
+namespace {
+
+ManagerConfig Config() {
+  ManagerConfig c;
+  c.pool_blocks = {32, 32};
+  c.groups = {GroupConfig{{TokenRuleKind::kAll, 0, 0}, 4, 0},
+              GroupConfig{{TokenRuleKind::kWindow, 6, 0}, 4, 0},
+              GroupConfig{{TokenRuleKind::kState, 0, 0}, 0, 1}};
+  c.max_model_len = 256;
+  c.state_align_tokens = 4;
+  return c;
+}
+
+const std::vector<KvEventGroup> kGroups = {
+    {"full_attention", 4, std::nullopt}, {"sliding_window", 4, 6}, {"mamba", 0, std::nullopt}};
+
+std::map<std::string, msgpack::object> Fields(const msgpack::object& o) {
+  EXPECT_EQ(o.type, msgpack::type::MAP);
+  std::map<std::string, msgpack::object> m;
+  for (uint32_t i = 0; i < o.via.map.size; ++i)
+    m[o.via.map.ptr[i].key.as<std::string>()] = o.via.map.ptr[i].val;
+  return m;
+}
+
+TEST(KvEventTest, ABatchIsVllmsLayoutWithTheBlocksTokensAndGroups) {
+  KvCacheManager m = KvCacheManager::Create(Config()).value();
+  std::vector<int32_t> prompt;
+  for (int32_t i = 0; i < 21; ++i)
+    prompt.push_back(500 + i);
+  RequestSpec spec;
+  spec.id = 42;
+  spec.prompt = prompt;
+  ASSERT_TRUE(m.AddRequest(spec).ok());
+  ASSERT_TRUE(m.Allocate(42, 21).ok());
+  ASSERT_TRUE(m.Commit(42, 21).ok());
+  const std::vector<ManagerEvent> events = m.TakeEvents();
+  const RequestTokens tokens = [&](RequestId id) {
+    return id == 42 ? std::span<const int32_t>(prompt) : std::span<const int32_t>{};
+  };
+  KvEventEncoding enc;
+  enc.data_parallel_rank = 3;
+  const std::vector<unsigned char> payload =
+      EncodeKvEventBatch(events, kGroups, tokens, enc, 1234.5).value();
+  const msgpack::object_handle h =
+      msgpack::unpack(reinterpret_cast<const char*>(payload.data()), payload.size());
+  const msgpack::object& batch = h.get();
+  ASSERT_EQ(batch.type, msgpack::type::ARRAY);
+  ASSERT_EQ(batch.via.array.size, 3u);
+  EXPECT_EQ(batch.via.array.ptr[0].as<double>(), 1234.5);
+  EXPECT_EQ(batch.via.array.ptr[2].as<int>(), 3);
+  const msgpack::object& list = batch.via.array.ptr[1];
+  int full_blocks = 0, window_blocks = 0, checkpoints = 0;
+  for (uint32_t i = 0; i < list.via.array.size; ++i) {
+    auto f = Fields(list.via.array.ptr[i]);
+    ASSERT_EQ(f["type"].as<std::string>(), "BlockStored");
+    EXPECT_EQ(f["medium"].as<std::string>(), "GPU");
+    EXPECT_TRUE(f["parent_block_hash"].is_nil());
+    EXPECT_TRUE(f["lora_id"].is_nil());
+    EXPECT_TRUE(f["lora_name"].is_nil());
+    const int group = f["group_idx"].as<int>();
+    const auto hashes = f["block_hashes"].via.array;
+    const auto ids = f["token_ids"].as<std::vector<int32_t>>();
+    for (uint32_t k = 0; k < hashes.size; ++k) {
+      ASSERT_EQ(hashes.ptr[k].type, msgpack::type::BIN);
+      EXPECT_EQ(hashes.ptr[k].via.bin.size, 16u);
+    }
+    if (group == 2) {
+      ++checkpoints;
+      EXPECT_EQ(f["kv_cache_spec_kind"].as<std::string>(), "mamba");
+      const int size = f["block_size"].as<int>();
+      EXPECT_EQ(ids, std::vector<int32_t>(prompt.begin(), prompt.begin() + size));
+      continue;
+    }
+    EXPECT_EQ(f["block_size"].as<int>(), 4);
+    // One event per run of blocks: the prompt's 5 full blocks, in order, with their tokens.
+    EXPECT_EQ(ids, std::vector<int32_t>(prompt.begin(), prompt.begin() + 4 * hashes.size));
+    if (group == 0) {
+      full_blocks += static_cast<int>(hashes.size);
+      EXPECT_EQ(f.count("kv_cache_spec_sliding_window"), 0u);
+    } else {
+      window_blocks += static_cast<int>(hashes.size);
+      EXPECT_EQ(f["kv_cache_spec_sliding_window"].as<int>(), 6);
+    }
+  }
+  EXPECT_EQ(full_blocks, 5);
+  EXPECT_EQ(window_blocks, 5);
+  EXPECT_GE(checkpoints, 1);
+  EXPECT_EQ(list.via.array.size, 2u + static_cast<uint32_t>(checkpoints));
+
+  // Removals and a reset: BlockRemoved runs per group, then AllBlocksCleared.
+  ASSERT_TRUE(m.Free(42).ok());
+  (void)m.TakeEvents();
+  ASSERT_TRUE(m.ResetPrefixCache().ok());
+  const std::vector<ManagerEvent> cleared = m.TakeEvents();
+  const std::vector<unsigned char> p2 =
+      EncodeKvEventBatch(cleared, kGroups, tokens, KvEventEncoding{}, 1.0).value();
+  const msgpack::object_handle h2 =
+      msgpack::unpack(reinterpret_cast<const char*>(p2.data()), p2.size());
+  ASSERT_EQ(h2.get().via.array.size, 2u);  // no data_parallel_rank: omitted, as msgspec does
+  const msgpack::object& l2 = h2.get().via.array.ptr[1];
+  auto last = Fields(l2.via.array.ptr[l2.via.array.size - 1]);
+  EXPECT_EQ(last["type"].as<std::string>(), "AllBlocksCleared");
+  EXPECT_EQ(last.size(), 1u);
+
+  const std::vector<ManagerEvent> bad = {
+      ManagerEvent{KvEvent::Kind::kRemoved, 0, 7, BlockHash{1, 2}, 3}};
+  EXPECT_EQ(EncodeKvEventBatch(bad, kGroups, tokens, KvEventEncoding{}, 1.0).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+std::vector<std::string> RecvParts(void* socket, int timeout_ms) {
+  std::vector<std::string> parts;
+  zmq_pollitem_t item{socket, 0, ZMQ_POLLIN, 0};
+  if (zmq_poll(&item, 1, timeout_ms) <= 0) return parts;
+  int more = 1;
+  while (more != 0) {
+    zmq_msg_t m;
+    zmq_msg_init(&m);
+    if (zmq_msg_recv(&m, socket, 0) < 0) break;
+    parts.emplace_back(static_cast<const char*>(zmq_msg_data(&m)), zmq_msg_size(&m));
+    size_t len = sizeof(more);
+    zmq_getsockopt(socket, ZMQ_RCVMORE, &more, &len);
+    zmq_msg_close(&m);
+  }
+  return parts;
+}
+
+int64_t Seq(const std::string& s) {
+  uint64_t u = 0;
+  for (unsigned char c : s)
+    u = (u << 8) | c;
+  return static_cast<int64_t>(u);
+}
+
+TEST(KvEventTest, SubscribersGetNumberedBatchesAndCanReplayWhatTheyMissed) {
+  KvEventPublisherOptions o;
+  o.endpoint = "tcp://127.0.0.1:*";
+  o.replay_endpoint = "tcp://127.0.0.1:*";
+  auto pub = KvEventPublisher::Bind(o, kGroups).value();
+  ASSERT_NE(pub->endpoint().find("127.0.0.1:"), std::string::npos);
+  void* ctx = zmq_ctx_new();
+  void* sub = zmq_socket(ctx, ZMQ_SUB);
+  zmq_setsockopt(sub, ZMQ_SUBSCRIBE, "kv-events", 9);
+  ASSERT_EQ(zmq_connect(sub, pub->endpoint().c_str()), 0);
+  ASSERT_TRUE(pub->WaitForSubscriber(5000));
+  const std::vector<ManagerEvent> one = {
+      ManagerEvent{KvEvent::Kind::kRemoved, 0, 1, BlockHash{1, 2}, 3}};
+  for (int i = 0; i < 3; ++i)
+    ASSERT_TRUE(pub->Publish(one, nullptr).ok());
+  ASSERT_TRUE(pub->Publish({}, nullptr).ok());  // nothing to say: no batch
+  EXPECT_EQ(pub->next_sequence(), 3);
+  for (int64_t i = 0; i < 3; ++i) {
+    const std::vector<std::string> parts = RecvParts(sub, 5000);
+    ASSERT_EQ(parts.size(), 3u);
+    EXPECT_EQ(parts[0], "kv-events");
+    EXPECT_EQ(Seq(parts[1]), i);
+  }
+  // A subscriber that missed batches asks from sequence 1 on.
+  void* replay = zmq_socket(ctx, ZMQ_DEALER);
+  ASSERT_EQ(zmq_connect(replay, pub->replay_endpoint().c_str()), 0);
+  const unsigned char from[8] = {0, 0, 0, 0, 0, 0, 0, 1};
+  ASSERT_EQ(zmq_send(replay, "", 0, ZMQ_SNDMORE), 0);
+  ASSERT_EQ(zmq_send(replay, from, 8, 0), 8);
+  std::vector<int64_t> got;
+  for (;;) {
+    const std::vector<std::string> parts = RecvParts(replay, 5000);
+    ASSERT_EQ(parts.size(), 3u);  // empty delimiter, sequence, payload
+    got.push_back(Seq(parts[1]));
+    if (got.back() == -1) {
+      EXPECT_TRUE(parts[2].empty());
+      break;
+    }
+    EXPECT_FALSE(parts[2].empty());
+  }
+  EXPECT_EQ(got, (std::vector<int64_t>{1, 2, -1}));
+  zmq_close(replay);
+  zmq_close(sub);
+  zmq_ctx_term(ctx);
+}
+
+TEST(KvEventTest, BadEndpointsAreRefusedByName) {
+  KvEventPublisherOptions o;
+  o.endpoint = "";
+  EXPECT_EQ(KvEventPublisher::Bind(o, kGroups).status().code(), StatusCode::kInvalidArgument);
+  o.endpoint = "tcp://127.0.0.1:*";
+  o.topic = "";
+  EXPECT_EQ(KvEventPublisher::Bind(o, kGroups).status().code(), StatusCode::kInvalidArgument);
+  o.topic = "kv-events";
+  o.endpoint = "bogus://nowhere";
+  const Status s = KvEventPublisher::Bind(o, kGroups).status();
+  EXPECT_EQ(s.code(), StatusCode::kIoError);
+  EXPECT_NE(s.message().find("bogus://nowhere"), std::string::npos) << s.ToString();
+  o.endpoint = "tcp://127.0.0.1:*";
+  o.replay_endpoint = "tcp://256.1.1.1:1";
+  EXPECT_EQ(KvEventPublisher::Bind(o, kGroups).status().code(), StatusCode::kIoError);
+  o.replay_endpoint = "";
+  auto pub = KvEventPublisher::Bind(o, kGroups).value();
+  EXPECT_FALSE(pub->WaitForSubscriber(50));  // nobody there
+}
+
+}  // namespace
+}  // namespace hkv
