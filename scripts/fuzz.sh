@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets with clang and runs each for a short, fixed time, seeded with the
-# bundled configs (config_fuzz) or a small generated trace (trace_fuzz); manager_fuzz starts from
-# nothing (its input is an operation sequence).
+# bundled configs (config_fuzz), a small generated trace (trace_fuzz), or a valid block stream and
+# tier-transfer message (connector_fuzz writes them); manager_fuzz starts from nothing (its input
+# is an operation sequence).
 # Usage: scripts/fuzz.sh [seconds per target, default 30]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,7 +13,7 @@ cmake --build --preset fuzz -- -j"${HKV_JOBS:-2}"
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-mkdir -p "$work/config/seeds" "$work/trace/seeds" "$work/manager/seeds"
+mkdir -p "$work/config/seeds" "$work/trace/seeds" "$work/manager/seeds" "$work/connector/seeds"
 i=0
 for f in models/*/config.json tests/data/configs/*.json; do
   cp "$f" "$work/config/seeds/seed$i.json"
@@ -21,7 +22,9 @@ done
 build/fuzz/tools/hkv/hkv trace gen --requests 4 --max-prompt 300 --seed 1 \
   -o "$work/trace/seeds/seed.jsonl" 2>/dev/null
 
-for target in config trace manager; do
+HKV_FUZZ_WRITE_SEEDS="$work/connector/seeds" build/fuzz/fuzz/connector_fuzz
+
+for target in config trace manager connector; do
   echo "== fuzz ${target}_fuzz for ${seconds}s"
   dir="$work/$target"
   mkdir -p "$dir/corpus"
