@@ -3,6 +3,7 @@
 // reference - also when loads fail (damaged data, a failing tier), which must cost only a
 // recomputation.
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -103,6 +104,45 @@ TEST(Offload, DiskTierReloadsMatchDense) {
     ExpectExact(r);
     EXPECT_GT(r.loads_completed, 0);
     EXPECT_EQ(r.loads_failed, 0);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// The disk tier's files are damaged behind its back (a byte flipped in every file, some
+// truncated) before a fresh engine reloads from it: every read of a damaged file is a miss, the
+// requests recompute, and every output stays exact.
+TEST(Offload, CorruptedDiskFilesAreMissesAndRecompute) {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("hkv_offload_corrupt_" + std::to_string(::getpid()));
+  for (const char* model : {"meta-llama--Llama-3.1-8B", "ibm-ai-platform--Bamba-9B"}) {
+    SCOPED_TRACE(model);
+    DiskTier disk = DiskTier::Open(dir, int64_t{256} << 20).value();
+    VerifyOptions o;
+    o.requests = 16;
+    o.seed = 5;
+    o.offload = OffloadOptions{{&disk}};
+    o.restarts = 1;
+    int64_t damaged = 0;
+    o.after_step = [&](int32_t engine, const EngineCounters&) {
+      if (engine != 1 || damaged > 0) return;
+      int64_t i = 0;
+      for (const auto& f : std::filesystem::directory_iterator(dir)) {
+        const auto size = std::filesystem::file_size(f.path());
+        if (++i % 3 == 0) {
+          std::filesystem::resize_file(f.path(), size / 2);
+        } else {
+          std::fstream io(f.path(), std::ios::in | std::ios::out | std::ios::binary);
+          io.seekp(static_cast<std::streamoff>(size - 1 - static_cast<uint64_t>(i) % size));
+          io.put('\x7f');
+        }
+        ++damaged;
+      }
+    };
+    const VerifyReport r = RunVerify(Load(model), o).value();
+    ExpectExact(r);
+    EXPECT_GT(damaged, 0);
+    EXPECT_GT(disk.corruptions_detected(), 0);
+    EXPECT_GT(r.loads_failed, 0);
   }
   std::filesystem::remove_all(dir);
 }
