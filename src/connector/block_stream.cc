@@ -108,8 +108,10 @@ Status ExportBlocks(const BlockMemoryView& view, std::span<const ExportBlock> bl
     for (const BlockRegion& r : regions) {
       for (int64_t done = 0; done < r.bytes; done += kChunk) {
         const auto n = static_cast<size_t>(std::min(kChunk, r.bytes - done));
-        std::memcpy(p, r.data + done, n);
-        XXH3_64bits_update(&state, p, n);
+        // Hash the source chunk (reading it into cache once), then stream it out: memory sees one
+        // read and one write per byte, as for a plain large memcpy.
+        connector_format::Xxh3Update(&state, r.data + done, n);
+        connector_format::CopyStreaming(p, r.data + done, n);
         p += n;
       }
     }
@@ -167,7 +169,7 @@ Result<std::vector<StreamBlock>> ParseBlockStream(std::span<const unsigned char>
           fmt::format("block stream: block {} has unknown flags {:#x} or reserved bits", i, flags));
     }
     const unsigned char* image = header + kBlockHeader;
-    const uint64_t sum = XXH3_64bits_withSeed(image, image_bytes, HeaderSeed(header));
+    const uint64_t sum = connector_format::Xxh3WithSeed(image, image_bytes, HeaderSeed(header));
     if (sum != Get64(header + kChecksumAt)) {
       return Status::ParseError(
           fmt::format("block stream: block {} fails its checksum (corrupt data)", i));
@@ -233,7 +235,7 @@ Status ImportBlocks(const BlockMemoryView& dst, std::span<const StreamBlock> blo
     (void)dst.Regions(blocks[i].group, dst_blocks[i], regions);  // checked above
     const unsigned char* from = blocks[i].image.data();
     for (const BlockRegion& r : regions) {
-      std::memcpy(r.data, from, static_cast<size_t>(r.bytes));
+      connector_format::CopyStreaming(r.data, from, static_cast<size_t>(r.bytes));
       from += r.bytes;
     }
   }

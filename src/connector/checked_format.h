@@ -9,8 +9,7 @@
 #include <cstdint>
 #include <span>
 
-#define XXH_INLINE_ALL
-#include <xxhash.h>
+#include "xxh3_dispatch.h"
 
 namespace hkv::connector_format {
 
@@ -40,7 +39,7 @@ inline uint64_t HeaderSeed(std::span<const unsigned char> header) {
 }
 inline uint64_t SeededChecksum(std::span<const unsigned char> header,
                                std::span<const unsigned char> payload) {
-  return XXH3_64bits_withSeed(payload.data(), payload.size(), HeaderSeed(header));
+  return Xxh3WithSeed(payload.data(), payload.size(), HeaderSeed(header));
 }
 
 }  // namespace hkv::connector_format
