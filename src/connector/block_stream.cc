@@ -128,7 +128,9 @@ Result<std::vector<unsigned char>> ExportBlocks(const BlockMemoryView& view,
   return out;
 }
 
-Result<std::vector<StreamBlock>> ParseBlockStream(std::span<const unsigned char> stream) {
+namespace {
+
+Result<std::vector<StreamBlock>> ParseStream(std::span<const unsigned char> stream, bool verify) {
   const auto size = static_cast<int64_t>(stream.size());
   if (size < kStreamHeader) {
     return Status::ParseError(fmt::format(
@@ -169,8 +171,8 @@ Result<std::vector<StreamBlock>> ParseBlockStream(std::span<const unsigned char>
           fmt::format("block stream: block {} has unknown flags {:#x} or reserved bits", i, flags));
     }
     const unsigned char* image = header + kBlockHeader;
-    const uint64_t sum = connector_format::Xxh3WithSeed(image, image_bytes, HeaderSeed(header));
-    if (sum != Get64(header + kChecksumAt)) {
+    if (verify && connector_format::Xxh3WithSeed(image, image_bytes, HeaderSeed(header)) !=
+                      Get64(header + kChecksumAt)) {
       return Status::ParseError(
           fmt::format("block stream: block {} fails its checksum (corrupt data)", i));
     }
@@ -194,8 +196,22 @@ Result<std::vector<StreamBlock>> ParseBlockStream(std::span<const unsigned char>
   return blocks;
 }
 
-Status ImportBlocks(const BlockMemoryView& dst, std::span<const StreamBlock> blocks,
-                    std::span<const int64_t> dst_blocks) {
+}  // namespace
+
+Result<std::vector<StreamBlock>> ParseBlockStream(std::span<const unsigned char> stream) {
+  return ParseStream(stream, /*verify=*/true);
+}
+
+Result<std::vector<StreamBlock>> ParseBlockStreamHeaders(std::span<const unsigned char> stream) {
+  return ParseStream(stream, /*verify=*/false);
+}
+
+namespace {
+
+// What both imports check before writing anything: one valid, distinct destination per block, of
+// the block's group, with the same geometry.
+Status CheckDestinations(const BlockMemoryView& dst, std::span<const StreamBlock> blocks,
+                         std::span<const int64_t> dst_blocks) {
   if (dst_blocks.size() != blocks.size()) {
     return Status::InvalidArgument(fmt::format("import: {} destination blocks for a stream of {}",
                                                dst_blocks.size(), blocks.size()));
@@ -230,6 +246,14 @@ Status ImportBlocks(const BlockMemoryView& dst, std::span<const StreamBlock> blo
         fmt::format("import: block {} of pool {} is the destination of two stream blocks",
                     dup->second, dup->first));
   }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status ImportBlocks(const BlockMemoryView& dst, std::span<const StreamBlock> blocks,
+                    std::span<const int64_t> dst_blocks) {
+  HKV_RETURN_IF_ERROR(CheckDestinations(dst, blocks, dst_blocks));
   std::vector<BlockRegion> regions;
   for (size_t i = 0; i < blocks.size(); ++i) {
     (void)dst.Regions(blocks[i].group, dst_blocks[i], regions);  // checked above
@@ -237,6 +261,35 @@ Status ImportBlocks(const BlockMemoryView& dst, std::span<const StreamBlock> blo
     for (const BlockRegion& r : regions) {
       connector_format::CopyStreaming(r.data, from, static_cast<size_t>(r.bytes));
       from += r.bytes;
+    }
+  }
+  return Status::Ok();
+}
+
+Status ImportBlocksVerifying(const BlockMemoryView& dst, std::span<const StreamBlock> blocks,
+                             std::span<const int64_t> dst_blocks) {
+  HKV_RETURN_IF_ERROR(CheckDestinations(dst, blocks, dst_blocks));
+  std::vector<BlockRegion> regions;
+  XXH3_state_t state;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    // The header sits right before the image in the stream (ParseBlockStream*).
+    const unsigned char* header = blocks[i].image.data() - kBlockHeader;
+    XXH3_64bits_reset_withSeed(&state, HeaderSeed(header));
+    (void)dst.Regions(blocks[i].group, dst_blocks[i], regions);  // checked above
+    const unsigned char* from = blocks[i].image.data();
+    for (const BlockRegion& r : regions) {
+      for (int64_t done = 0; done < r.bytes; done += kChunk) {
+        const auto n = static_cast<size_t>(std::min(kChunk, r.bytes - done));
+        connector_format::Xxh3Update(&state, from, n);
+        connector_format::CopyStreaming(r.data + done, from, n);
+        from += n;
+      }
+    }
+    if (XXH3_64bits_digest(&state) != Get64(header + kChecksumAt)) {
+      return Status::ParseError(fmt::format(
+          "block stream: block {} fails its checksum (corrupt data); destinations up to it were "
+          "written and must be discarded",
+          i));
     }
   }
   return Status::Ok();

@@ -180,7 +180,10 @@ Status TierConnector::LoadOne(const BlockLoad& load, std::vector<StreamBlock>& p
     }
   }
   HKV_RETURN_IF_ERROR(why);
-  HKV_ASSIGN_OR_RETURN(parsed, ParseBlockStream(bytes));
+  // Identities first (nothing written if they are wrong), then one pass that verifies each
+  // image as it copies it: a damaged image leaves the targets written, which is harmless - they
+  // are this request's private blocks, released unpublished when the load fails.
+  HKV_ASSIGN_OR_RETURN(parsed, ParseBlockStreamHeaders(bytes));
   // A stream checks itself; that it is the block the manager asked for is checked here.
   if (parsed.size() != 1 || !parsed[0].key || *parsed[0].key != load.key ||
       parsed[0].group != load.group || parsed[0].checkpoint != load.state) {
@@ -190,7 +193,7 @@ Status TierConnector::LoadOne(const BlockLoad& load, std::vector<StreamBlock>& p
         load.group, parsed.size()));
   }
   const int64_t dst = load.block;
-  HKV_RETURN_IF_ERROR(ImportBlocks(view_, parsed, {&dst, 1}));
+  HKV_RETURN_IF_ERROR(ImportBlocksVerifying(view_, parsed, {&dst, 1}));
   std::lock_guard lock(mu_);
   ++stats_.blocks_loaded;
   stats_.bytes_loaded += static_cast<int64_t>(bytes.size());

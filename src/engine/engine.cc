@@ -241,6 +241,7 @@ Status Engine::Preempt(const Live* victim) {
   if (v->loading) {
     connector_->Forget(v->seq.id);  // waits until nothing writes its blocks any more
     v->loading = false;
+    v->load_drafts.clear();
   }
   HKV_RETURN_IF_ERROR(manager_->Free(v->seq.id));
   HKV_RETURN_IF_ERROR(AfterManagerCall());
@@ -331,6 +332,7 @@ Result<bool> Engine::RunStep(Live& r, int64_t computed, int64_t n,
     HKV_ASSIGN_OR_RETURN(const StepInfo step, manager_->Step(id));
     HKV_RETURN_IF_ERROR(connector_->StartLoad(id, step.loads));
     r.loading = true;
+    r.load_drafts = drafts;
     ++counters_.external_hits;
     counters_.external_hit_tokens += hit.tokens;
     return true;
@@ -345,6 +347,7 @@ Result<bool> Engine::EndLoad(Live& r, bool loaded) {
   HKV_RETURN_IF_ERROR(manager_->FinishLoad(id, loaded));
   HKV_RETURN_IF_ERROR(AfterManagerCall());
   r.loading = false;
+  if (!loaded) r.load_drafts.clear();
   if (loaded) {
     ++counters_.loads_completed;
   } else {
@@ -469,7 +472,9 @@ Status Engine::Step() {
       HKV_ASSIGN_OR_RETURN(const bool loaded,
                            EndLoad(*r, state == TierConnector::LoadState::kLoaded));
       if (loaded) {
-        HKV_ASSIGN_OR_RETURN(const int64_t ran, Execute(*r, {}));
+        const std::vector<int32_t> drafts = std::move(r->load_drafts);
+        r->load_drafts.clear();
+        HKV_ASSIGN_OR_RETURN(const int64_t ran, Execute(*r, drafts));
         budget -= ran;
         ++executed;
         HKV_RETURN_IF_ERROR(MaybeFinish(r));

@@ -151,6 +151,44 @@ TEST_F(RefusalTest, AnyFlippedByteIsRefused) {
   ExpectRefused(std::span(stream_).subspan(0, 0), to_, StatusCode::kParseError, "shorter");
 }
 
+// The one-pass import: the same bytes land as with ImportBlocks; every flipped byte is still
+// refused - structural damage before anything is written; damage the checksum covers (an image,
+// a key, the checksum itself) once found while copying, after which the destinations are the
+// caller's to discard.
+TEST_F(RefusalTest, TheOnePassImportCopiesTheSameAndCatchesEveryFlippedByte) {
+  PlanMemory other(dst_plan_, 6);
+  const BlockMemoryView other_view = other.View(dst_plan_);
+  ASSERT_TRUE(ImportBlocks(other_view, std::span<const unsigned char>(stream_), to_).ok());
+  const std::vector<StreamBlock> parsed = ParseBlockStreamHeaders(stream_).value();
+  ASSERT_TRUE(ImportBlocksVerifying(dst_view_, parsed, to_).ok());
+  EXPECT_TRUE(dst_.bytes == other.bytes);
+  SplitMix64 rng(7);
+  int written = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    std::vector<unsigned char> bad = stream_;
+    const size_t at = trial < 96 ? static_cast<size_t>(trial) : rng.Next() % bad.size();
+    bad[at] ^= static_cast<unsigned char>(1u << (rng.Next() % 8));
+    std::vector<std::vector<unsigned char>> before = dst_.bytes;
+    auto headers = ParseBlockStreamHeaders(bad);
+    const Status s =
+        headers.ok() ? ImportBlocksVerifying(dst_view_, *headers, to_) : headers.status();
+    ASSERT_FALSE(s.ok()) << "flipped byte " << at << " was accepted";
+    // Only a checksum failure - found while copying - may have written the destinations.
+    if (dst_.bytes != before) {
+      ++written;
+      ASSERT_NE(s.message().find("fails its checksum"), std::string::npos)
+          << "byte " << at << ": " << s.ToString();
+    }
+  }
+  EXPECT_GT(written, 0);  // image damage is found while copying
+  // Destinations are checked before anything is written, as ImportBlocks does.
+  std::vector<int64_t> outside = to_;
+  outside.back() = int64_t{1} << 40;
+  const std::vector<std::vector<unsigned char>> before = dst_.bytes;
+  EXPECT_EQ(ImportBlocksVerifying(dst_view_, parsed, outside).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(dst_.bytes == before);
+}
+
 TEST_F(RefusalTest, CorruptImageNamesItsBlock) {
   std::vector<unsigned char> bad = stream_;
   bad[bad.size() - 1] ^= 0x10;  // the last block's image

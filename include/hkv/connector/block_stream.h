@@ -64,4 +64,17 @@ Status ImportBlocks(const BlockMemoryView& dst, std::span<const StreamBlock> blo
 Status ImportBlocks(const BlockMemoryView& dst, std::span<const unsigned char> stream,
                     std::span<const int64_t> dst_blocks);
 
+// One pass, for destinations that are discarded when an import fails (the connector's load
+// targets: private blocks, published only after a successful load). ParseBlockStreamHeaders checks
+// everything but the images' checksums, so a caller can inspect the identities first;
+// ImportBlocksVerifying then checks the destinations as ImportBlocks does (refusing before any byte
+// is written) and hashes each image as it copies it. A block that fails its checksum is refused
+// after it was written: its destination, and those of the blocks before it, then hold bytes the
+// caller must not use. It reads the stream once where ParseBlockStream + ImportBlocks read it
+// twice. The blocks must come from ParseBlockStreamHeaders or ParseBlockStream (their images
+// point into the stream, right after their headers).
+Result<std::vector<StreamBlock>> ParseBlockStreamHeaders(std::span<const unsigned char> stream);
+Status ImportBlocksVerifying(const BlockMemoryView& dst, std::span<const StreamBlock> blocks,
+                             std::span<const int64_t> dst_blocks);
+
 }  // namespace hkv

@@ -10,11 +10,13 @@
 //   freed it can be reused. A tier that refuses a Put (full of pins, a server down) only costs
 //   that copy (counted); Store fails only on a bad event (a group or block the view lacks).
 // - StartLoad(id, loads) queues the first step's loads (StepInfo::loads) for a worker thread,
-//   which fetches each block's stream from the first tier that returns it, checks it (checksums,
-//   and that it carries exactly the key, group and kind the manager asked for) and imports it into
-//   the block. The engine keeps running other requests; the load targets are the request's
-//   private blocks, so nobody else reads or writes those bytes meanwhile. Poll says whether the
-//   job is pending, loaded or failed; Wait blocks until it is not pending. Then the engine calls
+//   which fetches each block's stream from the first tier that returns it, checks that it carries
+//   exactly the key, group and kind the manager asked for, and imports it into the block in one
+//   pass that verifies the checksums as it copies (ImportBlocksVerifying: a damaged image leaves
+//   the target written, which is harmless - the targets are discarded when a load fails). The
+//   engine keeps running other requests; the load targets are the request's private blocks, so
+//   nobody else reads or writes those bytes meanwhile. Poll says whether the job is pending, loaded
+//   or failed; Wait blocks until it is not pending. Then the engine calls
 //   KvCacheManager::FinishLoad(id, state == kLoaded) and Forget(id). Any miss, damaged stream or
 //   tier error fails the whole job: the manager turns that into a recompute.
 // - Cancel(id) stops a job (waiting for the block being imported) so its blocks may be freed;

@@ -212,9 +212,12 @@ class Engine {
     bool prefilled = false;  // prompt computed (at least once; recompute after preemption
                              // doesn't fork again)
     bool forked = false;
-    bool started = false;     // first Allocate done (Lookup no longer allowed)
-    PrefixHit pending;        // the hit found at admission, for the first Allocate
-    bool loading = false;     // the first step's hit blocks are loading from the tiers
+    bool started = false;  // first Allocate done (Lookup no longer allowed)
+    PrefixHit pending;     // the hit found at admission, for the first Allocate
+    bool loading = false;  // the first step's hit blocks are loading from the tiers
+    // The drafts of the step that is waiting for its loads (a restarted request's first step can
+    // be a speculative decode step), verified when it runs.
+    std::vector<int32_t> load_drafts;
     bool local_only = false;  // a load failed: look up without the tiers from now on
   };
   Engine(const ModelSpec& spec, const ModelWeights& weights, KvCacheManager manager,
