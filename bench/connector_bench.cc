@@ -82,7 +82,7 @@ std::vector<ExportBlock> BlocksOf(const BlockMemoryView& view, int32_t group, in
   return out;
 }
 
-enum class Op { kMemcpy, kExport, kImport, kCopyIn };
+enum class Op { kMemcpy, kExport, kImport, kCopyIn, kImportOnePass };
 
 void Run(benchmark::State& state, const std::string& model, bool state_group, TensorLayout layout,
          Op op) {
@@ -127,6 +127,13 @@ void Run(benchmark::State& state, const std::string& model, bool state_group, Te
       case Op::kCopyIn:  // the copy alone, of a stream parsed (verified) once before
         if (!ImportBlocks(*s->view, parsed, to).ok()) state.SkipWithError("import failed");
         break;
+      case Op::kImportOnePass: {  // headers, then verify while copying (the connector's load)
+        auto headers = ParseBlockStreamHeaders(stream);
+        if (!headers.ok() || !ImportBlocksVerifying(*s->view, *headers, to).ok()) {
+          state.SkipWithError("import failed");
+        }
+        break;
+      }
     }
     benchmark::ClobberMemory();
   }
@@ -148,9 +155,11 @@ void Register(const std::string& model, bool state_group, std::vector<int64_t> n
       {"export/canonical", TensorLayout::kCanonical, Op::kExport},
       {"import/canonical", TensorLayout::kCanonical, Op::kImport},
       {"copy_in/canonical", TensorLayout::kCanonical, Op::kCopyIn},
+      {"import_one_pass/canonical", TensorLayout::kCanonical, Op::kImportOnePass},
       {"export/per_layer", TensorLayout::kPerLayer, Op::kExport},
       {"import/per_layer", TensorLayout::kPerLayer, Op::kImport},
       {"copy_in/per_layer", TensorLayout::kPerLayer, Op::kCopyIn},
+      {"import_one_pass/per_layer", TensorLayout::kPerLayer, Op::kImportOnePass},
   };
   for (const Case& c : cases) {
     auto* b = benchmark::RegisterBenchmark(
