@@ -89,6 +89,9 @@ Status ExportBlocks(const BlockMemoryView& view, std::span<const ExportBlock> bl
   p += kStreamHeader;
   std::vector<BlockRegion> regions;
   XXH3_state_t state;
+  // A state on the stack must be initialised before its first seeded reset: the reset skips
+  // deriving the secret when the old contents happen to name the same seed.
+  XXH3_INITSTATE(&state);
   for (const ExportBlock& b : blocks) {
     const GroupRefs& g = view.group(b.group);
     unsigned char* header = p;
@@ -271,6 +274,9 @@ Status ImportBlocksVerifying(const BlockMemoryView& dst, std::span<const StreamB
   HKV_RETURN_IF_ERROR(CheckDestinations(dst, blocks, dst_blocks));
   std::vector<BlockRegion> regions;
   XXH3_state_t state;
+  // A state on the stack must be initialised before its first seeded reset: the reset skips
+  // deriving the secret when the old contents happen to name the same seed.
+  XXH3_INITSTATE(&state);
   for (size_t i = 0; i < blocks.size(); ++i) {
     // The header sits right before the image in the stream (ParseBlockStream*).
     const unsigned char* header = blocks[i].image.data() - kBlockHeader;
