@@ -32,3 +32,7 @@ banner "Bamba-9B (Mamba-2 + 3 attention layers): state pages and attention pages
 
 banner "Bamba-9B offloaded to a disk tier: a restarted engine reloads prefixes and Mamba checkpoints, exact vs dense"
 "$hkv" verify models/ibm-ai-platform--Bamba-9B --offload disk --restarts 1
+
+banner "Jamba through a Redis server started on loopback: two engines share prefixes through it, exact vs dense"
+bash tests/tools/with_redis.sh "$hkv" verify models/ai21labs--Jamba-v0.1 \
+  --offload redis:127.0.0.1:@PORT@ --restarts 1

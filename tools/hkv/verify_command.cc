@@ -1,5 +1,6 @@
 #include "verify_command.h"
 
+#include <exception>
 #include <filesystem>
 #include <memory>
 #include <ostream>
@@ -10,6 +11,7 @@
 
 #include <hkv/connector/disk_tier.h>
 #include <hkv/connector/host_tier.h>
+#include <hkv/connector/remote_tier.h>
 #include <hkv/spec/config_loader.h>
 
 namespace hkv::cli {
@@ -34,7 +36,8 @@ CLI::App* AddVerifyCommand(CLI::App& app, VerifyArgs& args) {
                   "default: the whole sequence");
   cmd->add_option("--offload", args.offload,
                   "export published blocks into a tier and reload hits from it: host, disk "
-                  "(a new temp directory) or disk:DIR");
+                  "(a new temp directory), disk:DIR, or redis:HOST:PORT (a running Redis/Valkey "
+                  "server)");
   cmd->add_option("--restarts", args.options.restarts,
                   "with --offload: fresh engines (empty cache, same tier) serve this many later "
                   "parts of the workload")
@@ -94,9 +97,31 @@ int RunVerifyCommand(const VerifyArgs& args, std::ostream& out, std::ostream& er
         return 2;
       }
       tier = std::make_unique<DiskTier>(std::move(disk).value());
+    } else if (args.offload.starts_with("redis:")) {
+      const std::string where = args.offload.substr(6);
+      const size_t colon = where.rfind(':');
+      RemoteTierOptions ro;
+      ro.host = colon == std::string::npos ? where : where.substr(0, colon);
+      ro.port = 0;
+      if (colon != std::string::npos) {
+        try {
+          ro.port = std::stoi(where.substr(colon + 1));
+        } catch (const std::exception&) {
+          ro.port = 0;
+        }
+      }
+      // A namespace of its own, so runs against a shared server never see each other's blocks.
+      ro.name_space = fmt::format("hkv-verify-{}", ::getpid());
+      ro.capacity_bytes = kTierBytes;
+      auto remote = RemoteTier::Connect(ro);
+      if (!remote.ok()) {
+        err << "hkv verify: --offload: " << remote.status().ToString() << "\n";
+        return 2;
+      }
+      tier = std::move(remote).value();
     } else {
       err << "hkv verify: --offload: unknown tier '" << args.offload
-          << "'; expected host, disk or disk:DIR\n";
+          << "'; expected host, disk, disk:DIR or redis:HOST:PORT\n";
       return 2;
     }
     options.offload = OffloadOptions{{tier.get()}};
