@@ -85,6 +85,18 @@ struct Request {
   std::vector<GroupState> groups;
 
   int64_t known() const { return static_cast<int64_t>(tokens.size()); }
+  // What Free and a failed load both forget: the open step, copies, loads and the points found
+  // at the first Allocate.
+  void ResetProgress() {
+    copies.clear();
+    loads.clear();
+    step_open = false;
+    started = false;
+    divergence = 0;
+    window_branch = 0;
+    own_from = 0;
+    publish_until = kNoLimit;
+  }
 };
 
 inline int64_t CeilDiv(int64_t a, int64_t b) {

@@ -230,14 +230,7 @@ void KvCacheManager::Impl::FreeRequest(Request& r) {
   r.hashes.clear();
   r.items.clear();
   r.encoder_hashes.clear();
-  r.copies.clear();
-  r.loads.clear();
-  r.step_open = false;
-  r.started = false;
-  r.divergence = 0;
-  r.window_branch = 0;
-  r.own_from = 0;
-  r.publish_until = Request::kNoLimit;
+  r.ResetProgress();
 }
 
 void KvCacheManager::Impl::AbandonStart(Request& r) {
@@ -261,17 +254,10 @@ void KvCacheManager::Impl::AbandonStart(Request& r) {
     Release(gc.pool, to_release, r.retention);
     gs.Clear();
   }
-  r.copies.clear();
-  r.loads.clear();
+  r.ResetProgress();
   r.computed = 0;
   r.reserved = 0;
-  r.step_open = false;
-  r.started = false;
   r.encoder_ready = false;
-  r.divergence = 0;
-  r.window_branch = 0;
-  r.own_from = 0;
-  r.publish_until = Request::kNoLimit;
 }
 
 }  // namespace hkv
