@@ -42,6 +42,17 @@ Result<ModelSpec> BuildModelSpec(const ConfigReader& root, const ConfigReader& t
                        text.NonNegativeIntOr("max_position_embeddings", 0));
   spec.num_layers = I32(n);
   spec.hidden_size = I32(hidden);
+  {
+    HKV_ASSIGN_OR_RETURN(int64_t mamba_chunk, text.NonNegativeIntOr("mamba_chunk_size", 0));
+    if (mamba_chunk == 0) {
+      HKV_ASSIGN_OR_RETURN(mamba_chunk, text.NonNegativeIntOr("chunk_size", 0));
+    }
+    if (mamba_chunk > ModelSpec::kMaxWidth) {
+      return text.Invalid(text.Has("mamba_chunk_size") ? "mamba_chunk_size" : "chunk_size",
+                          fmt::format("at most {}", ModelSpec::kMaxWidth));
+    }
+    spec.mamba_chunk_size = I32(mamba_chunk);
+  }
   HKV_ASSIGN_OR_RETURN(Pattern pattern, ReadPattern(text, model_type, n, family, spec.warnings));
 
   AttentionGeometry attn;

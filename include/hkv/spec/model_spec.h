@@ -23,6 +23,9 @@ struct ModelSpec {
   int32_t hidden_size = 0;
   int64_t max_position_embeddings = 0;  // 0: the config does not say
   int64_t max_encoder_tokens = 0;       // encoder tokens of the largest input (cross attention)
+  // The recurrence's prefill chunk (`mamba_chunk_size`, else `chunk_size`); 0: not given. vLLM
+  // aligns hybrid blocks to it in its `all` mamba cache mode.
+  int32_t mamba_chunk_size = 0;
   std::vector<LayerSpec> layers;
   std::vector<std::string> warnings;
 

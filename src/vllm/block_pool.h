@@ -1,0 +1,77 @@
+// BlockPool: vLLM's block pool — blocks with ref counts, the free queue in eviction order (a
+// doubly linked list through the block metadata, first = evicted first), and the prefix map
+// from (hash, group) to the blocks that hold it, duplicates included in insertion order.
+//
+// Contract: block 0 is the null block and is never free; GetNewBlocks pops from the front and
+// drops a popped block's identity (lazy eviction); Free appends blocks whose count reaches zero
+// in the order given; Touch takes a cached block off the free queue. Nothing allocates per call
+// beyond the output vectors.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <hkv/common/status.h>
+#include <hkv/pool/block_hash.h>
+#include <hkv/pool/prefix_index.h>
+
+namespace hkv::vllm {
+
+inline constexpr int32_t kNullBlock = 0;
+
+class BlockPool {
+ public:
+  explicit BlockPool(int32_t num_blocks);
+
+  int32_t num_blocks() const { return num_blocks_; }
+  int32_t num_free() const { return num_free_; }
+  int32_t num_cached() const { return cached_.size() + num_duplicates_; }
+
+  // First block caching `key`, or -1.
+  int32_t GetCachedBlock(const PrefixKey& key) const { return cached_.Find(key); }
+  void Cache(int32_t block, const PrefixKey& key);
+  // Pops `n` blocks from the front (n <= num_free()), each with ref count 1.
+  void GetNewBlocks(int32_t n, std::vector<int32_t>& out);
+  void Touch(int32_t block);
+  // Decrements each block; those reaching zero join the queue's tail in the given order.
+  template <typename It>
+  void Free(It begin, It end) {
+    for (It it = begin; it != end; ++it) {
+      if (*it != kNullBlock) --meta_[static_cast<size_t>(*it)].ref_cnt;
+    }
+    for (It it = begin; it != end; ++it) {
+      if (*it != kNullBlock && meta_[static_cast<size_t>(*it)].ref_cnt == 0) Append(*it);
+    }
+  }
+  bool ResetPrefixCache();
+
+  int32_t ref_cnt(int32_t block) const { return meta_[static_cast<size_t>(block)].ref_cnt; }
+  bool has_hash(int32_t block) const { return meta_[static_cast<size_t>(block)].has_hash; }
+  const PrefixKey& key(int32_t block) const { return meta_[static_cast<size_t>(block)].key; }
+  bool is_free(int32_t block) const;
+
+  std::vector<int32_t> FreeQueue() const;
+  // Queue links, ref counts against `holders` (per block, from the managers), prefix map.
+  Status Check(const std::vector<int32_t>& holders) const;
+
+ private:
+  struct Meta {
+    int32_t prev = -1, next = -1;  // free queue links; -1 while held
+    int32_t ref_cnt = 0;
+    int32_t dup_next = -1;  // next block with the same identity, in insertion order
+    bool has_hash = false;
+    PrefixKey key;
+  };
+  void Append(int32_t block);
+  void Unlink(int32_t block);
+  void MaybeEvict(int32_t block);
+
+  std::vector<Meta> meta_;  // num_blocks_ real blocks, then the queue's head and tail sentinels
+  int32_t num_blocks_;
+  int32_t head_, tail_;
+  int32_t num_free_ = 0;
+  PrefixIndex cached_;
+  int32_t num_duplicates_ = 0;
+};
+
+}  // namespace hkv::vllm

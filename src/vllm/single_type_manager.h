@@ -1,0 +1,100 @@
+// SingleTypeManager: vLLM's SingleTypeKVCacheManager family — the per-group block lists of every
+// request and the rules of one KV cache spec type: how many blocks a step needs, which blocks
+// fall out of use (skipped tokens), how hits are found and which full blocks are cached.
+// One class per spec type (full attention, sliding window, chunked local, Mamba); the
+// coordinator above combines them.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include <hkv/vllm/kv_cache_manager.h>
+
+#include "block_pool.h"
+
+namespace hkv::vllm {
+
+// A request's block hashes seen at a group's block size (a multiple of the hash block size): a
+// block's identity is its last sub-block's chained digest, which covers the whole prefix.
+class HashView {
+ public:
+  HashView(const std::vector<BlockHash>& hashes, int32_t ratio) : h_(hashes), ratio_(ratio) {}
+  int64_t size() const { return static_cast<int64_t>(h_.size()) / ratio_; }
+  const BlockHash& operator[](int64_t i) const {
+    return h_[static_cast<size_t>((i + 1) * ratio_ - 1)];
+  }
+
+ private:
+  const std::vector<BlockHash>& h_;
+  int32_t ratio_;
+};
+
+using BlockList = std::vector<int32_t>;
+
+class SingleTypeManager {
+ public:
+  SingleTypeManager(const KvCacheSpec& spec, BlockPool* pool, int32_t group_id,
+                    int32_t admission_cap_blocks);
+  virtual ~SingleTypeManager() = default;
+
+  const KvCacheSpec& spec() const { return spec_; }
+  int32_t block_size() const { return block_size_; }
+
+  virtual int64_t NumBlocksToAllocate(RequestId id, int64_t num_tokens,
+                                      std::span<const int32_t> new_computed,
+                                      int64_t total_computed_tokens, int64_t num_tokens_main_model,
+                                      bool apply_admission_cap);
+  void AllocateNewComputedBlocks(RequestId id, std::span<const int32_t> new_computed,
+                                 int64_t num_local_computed_tokens);
+  virtual void AllocateNewBlocks(RequestId id, int64_t num_tokens, int64_t num_tokens_main_model,
+                                 BlockList* out);
+  virtual void CacheBlocks(const Request& request, int64_t num_tokens, int32_t alignment_tokens);
+  virtual void Free(RequestId id);
+  virtual void RemoveSkippedBlocks(RequestId id, int64_t total_computed_tokens);
+  virtual int32_t NumCommonPrefixBlocks(RequestId id) const;
+  virtual void NewStepStarts() {}
+  // find_longest_cache_hit for the groups `group_ids` sharing this spec; `out[k]` gets group
+  // group_ids[k]'s hit blocks.
+  virtual void FindLongestCacheHit(const HashView& hashes, int64_t max_length,
+                                   std::span<const int32_t> group_ids, int32_t alignment_tokens,
+                                   std::vector<BlockList>& out) const = 0;
+
+  std::vector<int32_t> TakeNewBlockIds();
+  const BlockList* blocks_of(RequestId id) const;
+  void AddHolders(std::vector<int32_t>& holders) const;
+  int64_t num_requests() const { return static_cast<int64_t>(req_to_blocks_.size()); }
+  bool holds_nothing() const { return req_to_blocks_.empty() && num_cached_block_.empty(); }
+
+ protected:
+  virtual int64_t NumSkippedTokens(int64_t /*num_computed_tokens*/) const { return 0; }
+  // Blocks of new_full range a hybrid lookup can never hit (sliding-window interiors).
+  virtual bool CacheMaskSkips(int64_t /*block_index*/, int32_t /*alignment_tokens*/) const {
+    return false;
+  }
+  int64_t NumEvictable(std::span<const int32_t> blocks) const;
+  // Finds whether every group in group_ids caches `hash`; fills `found` (one block per group).
+  bool GetCachedBlock(const BlockHash& hash, std::span<const int32_t> group_ids,
+                      BlockList& found) const;
+  void CacheFullBlocks(const Request& request, BlockList& blocks, int64_t num_cached,
+                       int64_t num_full, int32_t alignment_tokens);
+
+  KvCacheSpec spec_;
+  BlockPool* pool_;
+  int32_t group_id_;
+  int32_t block_size_;
+  int32_t admission_cap_;  // blocks; 0: none
+  std::unordered_map<RequestId, BlockList> req_to_blocks_;
+  std::unordered_map<RequestId, int64_t> num_cached_block_;
+  std::vector<int32_t> new_block_ids_;
+  BlockList scratch_;
+};
+
+std::unique_ptr<SingleTypeManager> MakeSingleTypeManager(const KvCacheSpec& spec, BlockPool* pool,
+                                                         int32_t group_id,
+                                                         const KvCacheConfig& config);
+
+}  // namespace hkv::vllm
