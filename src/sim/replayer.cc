@@ -12,6 +12,8 @@
 #include <hkv/pool/block_hash.h>
 #include <hkv/sim/replayer.h>
 
+#include "replay_common.h"
+
 namespace hkv {
 namespace {
 
@@ -24,27 +26,6 @@ struct Live {
   bool added = false;              // registered with the manager (and not freed since)
   bool admitted = false;           // admitted at least once
   std::vector<int32_t> generated;  // outputs when the trace gives none
-};
-
-// Accumulates the time spent inside manager calls of one step.
-class Stopwatch {
- public:
-  template <typename F>
-  auto operator()(F&& f) {
-    const auto start = std::chrono::steady_clock::now();
-    auto result = f();
-    total_ +=
-        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
-    return result;
-  }
-  double Take() {
-    const double t = total_;
-    total_ = 0;
-    return t;
-  }
-
- private:
-  double total_ = 0;
 };
 
 }  // namespace
@@ -70,6 +51,10 @@ StepTimes ReplayReport::manager_times() const {
   return t;
 }
 
+double ReplayReport::state_splits_per_step() const {
+  return steps == 0 ? 0.0 : static_cast<double>(state_splits) / static_cast<double>(steps);
+}
+
 double ReplayReport::hit_rate_incl_readmissions() const {
   return admission_tokens == 0
              ? 0.0
@@ -78,51 +63,37 @@ double ReplayReport::hit_rate_incl_readmissions() const {
 
 Result<ReplayReport> Replay(const Trace& trace, const ManagerConfig& config,
                             const ReplayOptions& o) {
-  if (o.token_budget < 1 || o.max_running < 1 || o.max_model_len < 2 || o.vocab < 1) {
-    return Status::InvalidArgument(fmt::format(
-        "replay: token budget {}, max running {}, vocab {} must be >= 1 and max model len {} >= 2",
-        o.token_budget, o.max_running, o.vocab, o.max_model_len));
-  }
+  HKV_RETURN_IF_ERROR(sim_internal::CheckReplayInputs(trace, o));
   if (config.max_model_len < o.max_model_len) {
     return Status::InvalidArgument(
         fmt::format("replay: the manager allows {} tokens per request, the replay {}",
                     config.max_model_len, o.max_model_len));
   }
-  // ReadTrace checks files; a trace built in memory gets the checks the replay relies on.
-  for (size_t i = 0; i < trace.size(); ++i) {
-    const TraceRequest& t = trace[i];
-    std::string why;
-    if (t.prompt.empty() || static_cast<int64_t>(t.prompt.size()) >= o.max_model_len) {
-      why = fmt::format("a {}-token prompt (1..{} allowed)", t.prompt.size(), o.max_model_len - 1);
-    } else if (t.output_len < 0 ||
-               (!t.output.empty() && t.output.size() != static_cast<size_t>(t.output_len))) {
-      why = fmt::format("output_len {} with {} output tokens", t.output_len, t.output.size());
-    } else if (i > 0 && t.arrival_step < trace[i - 1].arrival_step) {
-      why = fmt::format("arrival step {} before the previous request's {}", t.arrival_step,
-                        trace[i - 1].arrival_step);
-    }
-    if (!why.empty()) {
-      return Status::InvalidArgument(fmt::format("replay: request {} (#{}): {}", t.id, i, why));
-    }
-  }
   ManagerConfig mc = config;
   mc.record_events = false;
   HKV_ASSIGN_OR_RETURN(KvCacheManager manager, KvCacheManager::Create(mc));
   ReplayReport report;
+  if (o.record_requests) {
+    report.requests.resize(trace.size());
+    for (size_t i = 0; i < trace.size(); ++i) {
+      report.requests[i].id = trace[i].id;
+      report.requests[i].arrival_step = trace[i].arrival_step;
+    }
+  }
+  const auto record = [&](const Live& r) -> RequestRecord* {
+    return o.record_requests ? &report.requests[static_cast<size_t>(r.id)] : nullptr;
+  };
   for (size_t p = 0; p < mc.pool_blocks.size(); ++p)
     report.num_blocks += mc.pool_blocks[p] - 1;
 
   std::vector<Live> reqs(trace.size());
-  SplitMix64 rng(o.output_seed);
+  std::vector<std::vector<int32_t>> generated = sim_internal::GeneratedOutputs(trace, o);
   for (size_t i = 0; i < trace.size(); ++i) {
     Live& r = reqs[i];
     r.trace = &trace[i];
     r.id = static_cast<RequestId>(i);
     r.tokens = trace[i].prompt;
-    if (trace[i].output.empty()) {
-      for (int32_t k = 0; k < trace[i].output_len; ++k)
-        r.generated.push_back(rng.Below(o.vocab));
-    }
+    r.generated = std::move(generated[i]);
   }
   const auto output_token = [](const Live& r) {
     const auto k = static_cast<size_t>(r.outputs);
@@ -138,7 +109,7 @@ Result<ReplayReport> Replay(const Trace& trace, const ManagerConfig& config,
   };
   std::vector<Scheduled> scheduled;
   std::vector<int64_t> slots;
-  Stopwatch watch;
+  sim_internal::Stopwatch watch;
   size_t next = 0;
   int64_t s = 0;
   int64_t finished = 0;
@@ -177,6 +148,7 @@ Result<ReplayReport> Replay(const Trace& trace, const ManagerConfig& config,
         victim->computed = 0;
         ++report.preemptions;
         ++step.preemptions;
+        if (RequestRecord* rec = record(*victim)) ++rec->preemptions;
         preempted = true;
         waiting.push_front(victim);
         if (victim == r) {
@@ -213,6 +185,10 @@ Result<ReplayReport> Replay(const Trace& trace, const ManagerConfig& config,
         report.first_admission_tokens += num_tokens(*r);
         report.first_admission_hits += hit.tokens;
         r->admitted = true;
+        if (RequestRecord* rec = record(*r)) {
+          rec->first_scheduled_step = s;
+          rec->first_hit_tokens = hit.tokens;
+        }
       }
       report.admission_tokens += num_tokens(*r);
       report.admission_hits += hit.tokens;
@@ -227,11 +203,26 @@ Result<ReplayReport> Replay(const Trace& trace, const ManagerConfig& config,
           "running; give the manager more memory",
           r.trace->id, num_tokens(r)));
     }
-    // What an engine receives for the step: every scheduled request's tables and slots.
+    // What an engine receives for the step: every scheduled request's tables, slots and state
+    // slots. A recurrent checkpoint inside the step's chunk splits the chunk there.
     for (const Scheduled& sc : scheduled) {
+      bool counted = false;
       for (size_t g = 0; g < mc.groups.size(); ++g) {
-        if (mc.groups[g].is_state()) continue;
         const auto group = static_cast<int32_t>(g);
+        if (mc.groups[g].is_state()) {
+          HKV_ASSIGN_OR_RETURN(const StateStep st,
+                               watch([&] { return manager.State(sc.r->id, group); }));
+          if (!counted) {
+            counted = true;
+            const auto splits = static_cast<int64_t>(std::count_if(
+                st.snapshots.begin(), st.snapshots.end(), [&](const StateSnapshot& x) {
+                  return x.position < sc.r->computed + sc.n && x.position <= num_tokens(*sc.r);
+                }));
+            step.state_splits += splits;
+            report.max_request_state_splits = std::max(report.max_request_state_splits, splits);
+          }
+          continue;
+        }
         HKV_RETURN_IF_ERROR(watch([&] { return manager.BlockTable(sc.r->id, group).status(); }));
         if (mc.groups[g].is_encoder()) continue;
         slots.clear();
@@ -248,6 +239,8 @@ Result<ReplayReport> Replay(const Trace& trace, const ManagerConfig& config,
       step.cached_blocks += u.num_cached;
     }
     report.peak_blocks_used = std::max(report.peak_blocks_used, step.blocks_used);
+    report.state_splits += step.state_splits;
+    report.max_step_state_splits = std::max(report.max_step_state_splits, step.state_splits);
     report.peak_running = std::max(report.peak_running, step.running);
     // 3. Commit, in scheduling order.
     for (const Scheduled& sc : scheduled) {
@@ -266,11 +259,13 @@ Result<ReplayReport> Replay(const Trace& trace, const ManagerConfig& config,
         r->tokens.push_back(t);
         ++r->outputs;
       }
-      if (r->outputs >= r->trace->output_len) {
+      // A request that reaches max_model_len finishes there, as vLLM's scheduler does.
+      if (r->outputs >= r->trace->output_len || num_tokens(*r) >= o.max_model_len) {
         running.erase(std::find(running.begin(), running.end(), r));
         HKV_RETURN_IF_ERROR(watch([&] { return manager.Free(r->id); }));
         r->added = false;
         ++finished;
+        if (RequestRecord* rec = record(*r)) rec->finish_step = s;
       }
     }
     report.manager_us.push_back(watch.Take());
@@ -305,8 +300,9 @@ double IdealHitRate(const Trace& trace, int32_t block_tokens) {
     }
     hits += static_cast<int64_t>(b * bs);
     // The request then stores every whole block of its prompt and output.
+    // The last output token is sampled, never computed, so no block holds it.
     all = t.prompt;
-    all.insert(all.end(), t.output.begin(), t.output.end());
+    if (!t.output.empty()) all.insert(all.end(), t.output.begin(), t.output.end() - 1);
     h = kRootHash;
     for (size_t k = 0; (k + 1) * bs <= all.size(); ++k) {
       h = HashBlock(h, std::span<const int32_t>(all).subspan(k * bs, bs));
@@ -316,4 +312,44 @@ double IdealHitRate(const Trace& trace, int32_t block_tokens) {
   return prompt_tokens == 0 ? 0.0 : static_cast<double>(hits) / static_cast<double>(prompt_tokens);
 }
 
+namespace sim_internal {
+
+Status CheckReplayInputs(const Trace& trace, const ReplayOptions& o) {
+  if (o.token_budget < 1 || o.max_running < 1 || o.max_model_len < 2 || o.vocab < 1) {
+    return Status::InvalidArgument(fmt::format(
+        "replay: token budget {}, max running {}, vocab {} must be >= 1 and max model len {} >= 2",
+        o.token_budget, o.max_running, o.vocab, o.max_model_len));
+  }
+  // ReadTrace checks files; a trace built in memory gets the checks the replay relies on.
+  for (size_t i = 0; i < trace.size(); ++i) {
+    const TraceRequest& t = trace[i];
+    std::string why;
+    if (t.prompt.empty() || static_cast<int64_t>(t.prompt.size()) >= o.max_model_len) {
+      why = fmt::format("a {}-token prompt (1..{} allowed)", t.prompt.size(), o.max_model_len - 1);
+    } else if (t.output_len < 0 ||
+               (!t.output.empty() && t.output.size() != static_cast<size_t>(t.output_len))) {
+      why = fmt::format("output_len {} with {} output tokens", t.output_len, t.output.size());
+    } else if (i > 0 && t.arrival_step < trace[i - 1].arrival_step) {
+      why = fmt::format("arrival step {} before the previous request's {}", t.arrival_step,
+                        trace[i - 1].arrival_step);
+    }
+    if (!why.empty()) {
+      return Status::InvalidArgument(fmt::format("replay: request {} (#{}): {}", t.id, i, why));
+    }
+  }
+  return Status::Ok();
+}
+
+std::vector<std::vector<int32_t>> GeneratedOutputs(const Trace& trace, const ReplayOptions& o) {
+  std::vector<std::vector<int32_t>> out(trace.size());
+  SplitMix64 rng(o.output_seed);
+  for (size_t i = 0; i < trace.size(); ++i) {
+    if (!trace[i].output.empty()) continue;
+    for (int32_t k = 0; k < trace[i].output_len; ++k)
+      out[i].push_back(rng.Below(o.vocab));
+  }
+  return out;
+}
+
+}  // namespace sim_internal
 }  // namespace hkv

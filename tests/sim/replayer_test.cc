@@ -1,5 +1,6 @@
 // The replayer against traces small enough to replay by hand (the expected figures are worked
 // out in the comments, step by step, from replay.md), determinism, and bad input.
+#include <stdexcept>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -168,6 +169,49 @@ TEST(Replayer, IdealHitRateByHand) {
   const Trace trace{Request(0, 0, {1, 2, 3, 4, 5, 6, 7, 8}, {9, 10, 11, 12}),
                     Request(1, 1, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, {1})};
   EXPECT_DOUBLE_EQ(IdealHitRate(trace, 4), 8.0 / 20.0);
+  // With a 13-token prompt a third block (9..12) is within the cap, but R0 never computed its
+  // last output token (12): nothing holds that block. 8 / 21, not 12 / 21.
+  const Trace longer{Request(0, 0, {1, 2, 3, 4, 5, 6, 7, 8}, {9, 10, 11, 12}),
+                     Request(1, 1, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13}, {1})};
+  EXPECT_DOUBLE_EQ(IdealHitRate(longer, 4), 8.0 / 21.0);
+}
+
+// A request whose prompt + output is longer than max_model_len finishes when it reaches it (as
+// vLLM's scheduler does) instead of waiting forever for a step it can never take. The progress
+// hook stops a replay that runs away (it used to loop forever, its per-step vectors growing).
+TEST(Replayer, ARequestFinishesAtMaxModelLen) {
+  // 60-token prompt, 10 outputs, max model len 64: outputs 1..4 make 64 tokens; it finishes at
+  // its fourth output, in step 4 (prefill at step 0, then one decode step per output).
+  const Trace trace{Request(0, 0, std::vector<int32_t>(60, 3), {1, 2, 3, 4, 5, 6, 7, 8, 9, 10}),
+                    Request(1, 2, {1, 2, 3}, {4, 5})};
+  ReplayOptions o = Options(64);
+  o.record_requests = true;
+  int64_t calls = 0;
+  o.on_progress = [&calls](int64_t) {
+    if (++calls > 8) throw std::runtime_error("the replay does not end");
+  };
+  ReplayReport r;
+  ASSERT_NO_THROW(r = Replay(trace, FullAttention(40), o).value());
+  ASSERT_EQ(r.requests.size(), 2u);
+  EXPECT_EQ(r.requests[0].finish_step, 3);
+  EXPECT_EQ(r.requests[1].finish_step, 3);
+  EXPECT_EQ(r.steps, 4);
+  // The same through vLLM's manager and scheduler.
+  vllm::KvCacheConfig vc;
+  vllm::KvCacheSpec full;
+  full.block_size = 4;
+  full.num_kv_heads = 1;
+  full.head_size = full.head_size_v = 2;
+  full.dtype_bytes = 2;
+  vc.groups = {{full, {0}}};
+  vc.num_blocks = 41;
+  vc.cache_block_size = vc.hash_block_size = vc.scheduler_block_size = 4;
+  vc.max_model_len = 64;
+  vc.max_num_batched_tokens = 64;
+  calls = 0;
+  ASSERT_NO_THROW(r = ReplayVllm(trace, vc, o).value());
+  EXPECT_EQ(r.requests[0].finish_step, 3);
+  EXPECT_EQ(r.steps, 4);
 }
 
 }  // namespace

@@ -34,6 +34,9 @@ class SimulateCommandTest : public ::testing::Test {
     args_.config = std::string(HKV_MODELS_DIR) + "/google--gemma-2-9b";
     args_.trace = (dir_ / "trace.jsonl").string();
     args_.memory = "3GiB";  // tight enough for preemptions and evictions
+    // vLLM refuses 3 GiB for one 16384-token Gemma-2 request; 8192 fits (and some prompt +
+    // output runs into it).
+    args_.max_model_len = 8192;
   }
   void TearDown() override { fs::remove_all(dir_); }
 
@@ -55,7 +58,7 @@ TEST_F(SimulateCommandTest, JsonIsIdenticalAcrossRunsExceptTimings) {
   ASSERT_EQ(Run(a, err), 0) << err;
   ASSERT_EQ(Run(b, err), 0) << err;
   nlohmann::json ja = nlohmann::json::parse(a), jb = nlohmann::json::parse(b);
-  ASSERT_EQ(ja["runs"].size(), 3u);
+  ASSERT_EQ(ja["runs"].size(), 4u);
   for (auto* j : {&ja, &jb}) {
     for (auto& run : (*j)["runs"]) {
       ASSERT_TRUE(run.contains("manager_us_per_step"));
@@ -83,11 +86,14 @@ TEST_F(SimulateCommandTest, JsonIsIdenticalAcrossRunsExceptTimings) {
     EXPECT_LE(run["hit_rate"].get<double>(), run["ideal_hit_rate"].get<double>());
     EXPECT_LE(run["peak_blocks_used"].get<int64_t>(), run["num_blocks"].get<int64_t>());
   }
-  EXPECT_EQ(ja["runs"][0]["allocator"], "uniform");
-  EXPECT_EQ(ja["runs"][1]["allocator"], "padded");
-  EXPECT_EQ(ja["runs"][2]["allocator"], "hybridkv");
+  EXPECT_EQ(ja["runs"][0]["allocator"], "vllm");
+  EXPECT_EQ(ja["runs"][1]["allocator"], "uniform");
+  EXPECT_EQ(ja["runs"][2]["allocator"], "padded");
+  EXPECT_EQ(ja["runs"][3]["allocator"], "hybridkv");
   // The memory is tight: the one-pool uniform layout preempts.
-  EXPECT_GT(ja["runs"][0]["preemptions"].get<int64_t>(), 0);
+  EXPECT_GT(ja["runs"][1]["preemptions"].get<int64_t>(), 0);
+  // No recurrent layer: no chunk is split.
+  EXPECT_EQ(ja["runs"][3]["state_splits"]["max_request"].get<int64_t>(), 0);
 }
 
 TEST_F(SimulateCommandTest, TableCsvAndPlot) {
@@ -95,9 +101,13 @@ TEST_F(SimulateCommandTest, TableCsvAndPlot) {
   args_.plot = (dir_ / "modes.png").string();
   std::string out, err;
   ASSERT_EQ(Run(out, err), 0) << err;
-  for (const char* mode : {"uniform", "padded", "hybridkv"})
+  for (const char* mode : {"vllm", "uniform", "padded", "hybridkv"})
     EXPECT_NE(out.find(std::string("\n") + mode), std::string::npos) << out;
-  EXPECT_NE(out.find("ideal hit rate"), std::string::npos);
+  EXPECT_NE(out.find("ideal"), std::string::npos);
+  EXPECT_NE(out.find("vLLM v1: 1 sliding_window group (21 layers, 16-token blocks), 1 "
+                     "full_attention group (21 layers"),
+            std::string::npos)
+      << out;
   // One CSV row per replayed step, in step order.
   args_.csv_dir.clear();
   args_.plot.clear();
@@ -128,9 +138,20 @@ TEST_F(SimulateCommandTest, TableCsvAndPlot) {
 
 TEST_F(SimulateCommandTest, RefusalsExitTwoAndNameTheProblem) {
   std::string out, err;
-  args_.allocator = "vllm";
+  args_.allocator = "bogus";
   EXPECT_EQ(Run(out, err), 2);
-  EXPECT_NE(err.find("allocator 'vllm'"), std::string::npos) << err;
+  EXPECT_NE(err.find("allocator 'bogus'"), std::string::npos) << err;
+  args_.allocator = "vllm";
+  args_.mamba_cache_mode = "sometimes";
+  EXPECT_EQ(Run(out, err), 2);
+  EXPECT_NE(err.find("mamba cache mode 'sometimes'"), std::string::npos) << err;
+  args_.mamba_cache_mode = "auto";
+  args_.max_model_len = 16384;  // vLLM refuses 3 GiB for it: the run fails, the others report
+  args_.allocator = "all";
+  EXPECT_EQ(Run(out, err), 1);
+  EXPECT_NE(err.find("vLLM refuses to start"), std::string::npos) << err;
+  EXPECT_NE(out.find("hybridkv"), std::string::npos) << out;
+  args_.max_model_len = 8192;
   args_.allocator = "all";
   args_.trace = (dir_ / "missing.jsonl").string();
   EXPECT_EQ(Run(out, err), 2);

@@ -1,6 +1,7 @@
 #include "simulate_command.h"
 
 #include <algorithm>
+#include <fstream>
 #include <optional>
 #include <ostream>
 
@@ -11,15 +12,22 @@
 #include <hkv/manager/allocator_mode.h>
 #include <hkv/sim/trace.h>
 #include <hkv/spec/config_loader.h>
+#include <hkv/vllm/kv_cache_config.h>
 
 #include "simulate_output.h"
 
 namespace hkv::cli {
 namespace {
 
+// One allocator's replay: `vllm` or one of hkv's AllocatorModes.
 struct Run {
-  AllocatorMode mode;
-  std::optional<Allocator> allocator;
+  std::string name;
+  std::optional<AllocatorMode> mode;  // empty: vllm
+  int32_t block_tokens = 0;           // hit granularity (vllm: the scheduler block)
+  int64_t state_page_bytes = 0;
+  std::vector<int64_t> pool_block_bytes;
+  std::string summary;
+  double ideal = 0;
   std::optional<ReplayReport> report;
   std::string error;
 };
@@ -29,7 +37,9 @@ struct Inputs {
   Trace trace;
   std::string trace_name;
   AllocatorOptions alloc;
+  vllm::KvCacheOptions vllm;
   ReplayOptions replay;
+  bool with_vllm = false;
   std::vector<AllocatorMode> modes;
 };
 
@@ -46,11 +56,24 @@ Result<Inputs> Prepare(const SimulateArgs& args) {
   in.replay.max_running = args.max_running;
   in.replay.max_model_len = args.max_model_len;
   in.replay.record_steps = !args.csv_dir.empty() || !args.plot.empty();
+  in.replay.record_requests = !args.requests_csv_dir.empty();
+  in.vllm.memory_bytes = in.alloc.memory_bytes;
+  in.vllm.block_size = args.block_tokens;
+  in.vllm.max_model_len = args.max_model_len;
+  in.vllm.max_num_batched_tokens = args.budget;
+  HKV_ASSIGN_OR_RETURN(in.vllm.mamba_cache_mode, vllm::ParseMambaCacheMode(args.mamba_cache_mode));
   if (args.allocator == "all") {
+    in.with_vllm = true;
     in.modes.assign(std::begin(kAllAllocatorModes), std::end(kAllAllocatorModes));
+  } else if (args.allocator == "vllm") {
+    in.with_vllm = true;
   } else {
-    HKV_ASSIGN_OR_RETURN(const AllocatorMode m, ParseAllocatorMode(args.allocator));
-    in.modes = {m};
+    Result<AllocatorMode> m = ParseAllocatorMode(args.allocator);
+    if (!m.ok()) {
+      return Status::InvalidArgument(fmt::format(
+          "--allocator '{}': expected vllm, uniform, padded, hybridkv or all", args.allocator));
+    }
+    in.modes = {*m};
   }
   HKV_ASSIGN_OR_RETURN(in.model, LoadModelConfig(args.config));
   if (args.trace.empty()) {
@@ -71,9 +94,9 @@ Result<Inputs> Prepare(const SimulateArgs& args) {
   return in;
 }
 
-nlohmann::json RunJson(const Run& run, double ideal, bool with_timings) {
+nlohmann::json RunJson(const Run& run, bool with_timings) {
   nlohmann::json j;
-  j["allocator"] = AllocatorModeName(run.mode);
+  j["allocator"] = run.name;
   if (!run.report) {
     j["error"] = run.error;
     return j;
@@ -86,11 +109,14 @@ nlohmann::json RunJson(const Run& run, double ideal, bool with_timings) {
   j["peak_blocks_used"] = r.peak_blocks_used;
   j["peak_running"] = r.peak_running;
   j["scheduled_tokens"] = r.scheduled_tokens;
+  j["state_splits"] = {{"per_step", r.state_splits_per_step()},
+                       {"max_step", r.max_step_state_splits},
+                       {"max_request", r.max_request_state_splits}};
   j["num_blocks"] = r.num_blocks;
-  j["block_tokens"] = run.allocator->block_tokens;
-  j["state_page_bytes"] = run.allocator->state_page_bytes;
-  j["pool_block_bytes"] = run.allocator->pool_block_bytes;
-  j["ideal_hit_rate"] = ideal;
+  j["block_tokens"] = run.block_tokens;
+  j["state_page_bytes"] = run.state_page_bytes;
+  j["pool_block_bytes"] = run.pool_block_bytes;
+  j["ideal_hit_rate"] = run.ideal;
   if (with_timings) {
     const StepTimes t = r.manager_times();
     j["manager_us_per_step"] = {{"mean", t.mean}, {"p50", t.p50}, {"p99", t.p99}};
@@ -99,36 +125,54 @@ nlohmann::json RunJson(const Run& run, double ideal, bool with_timings) {
 }
 
 void PrintTable(const Inputs& in, const SimulateArgs& args, const std::vector<Run>& runs,
-                double ideal, std::ostream& out) {
+                std::ostream& out) {
   out << fmt::format("hkv simulate: {} | memory {} | trace {} ({} requests)\n", in.model.source,
                      FormatBytes(in.alloc.memory_bytes), in.trace_name, in.trace.size());
   out << fmt::format(
-      "  budget {} tokens/step, max running {}, max model len {}, block {} tokens; ideal hit "
-      "rate {:.4f}\n\n",
-      args.budget, args.max_running, args.max_model_len, args.block_tokens, ideal);
-  out << fmt::format("{:<9} {:>6} {:>8} {:>8} {:>8} {:>7} {:>7} {:>9} {:>8} {:>11} {:>20}\n",
-                     "allocator", "block", "blocks", "steps", "preempt", "hit", "hit+re",
-                     "peak blk", "peak run", "sched tok", "mgr us/step mean/p50/p99");
+      "  budget {} tokens/step, max running {}, max model len {}, block {} tokens\n\n", args.budget,
+      args.max_running, args.max_model_len, args.block_tokens);
+  out << fmt::format(
+      "{:<9} {:>6} {:>8} {:>8} {:>8} {:>7} {:>7} {:>7} {:>9} {:>8} {:>11} {:>11} {:>20}\n",
+      "allocator", "block", "blocks", "steps", "preempt", "hit", "hit+re", "ideal", "peak blk",
+      "peak run", "sched tok", "splits/step", "mgr us/step mean/p50/p99");
   for (const Run& run : runs) {
     if (!run.report) {
-      out << fmt::format("{:<9} n/a: {}\n", AllocatorModeName(run.mode), run.error);
+      out << fmt::format("{:<9} n/a: {}\n", run.name, run.error);
       continue;
     }
     const ReplayReport& r = *run.report;
     const StepTimes t = r.manager_times();
     out << fmt::format(
-        "{:<9} {:>6} {:>8} {:>8} {:>8} {:>7.4f} {:>7.4f} {:>9} {:>8} {:>11} {:>20}\n",
-        AllocatorModeName(run.mode), run.allocator->block_tokens, r.num_blocks, r.steps,
-        r.preemptions, r.hit_rate(), r.hit_rate_incl_readmissions(), r.peak_blocks_used,
-        r.peak_running, r.scheduled_tokens,
+        "{:<9} {:>6} {:>8} {:>8} {:>8} {:>7.4f} {:>7.4f} {:>7.4f} {:>9} {:>8} {:>11} {:>11} "
+        "{:>20}\n",
+        run.name, run.block_tokens, r.num_blocks, r.steps, r.preemptions, r.hit_rate(),
+        r.hit_rate_incl_readmissions(), run.ideal, r.peak_blocks_used, r.peak_running,
+        r.scheduled_tokens,
+        fmt::format("{:.3f}/{}", r.state_splits_per_step(), r.max_request_state_splits),
         fmt::format("{:.1f}/{:.1f}/{:.1f}", t.mean, t.p50, t.p99));
   }
   out << "\n";
   for (const Run& run : runs) {
-    if (run.allocator) {
-      out << fmt::format("  {:<9} {}\n", AllocatorModeName(run.mode), run.allocator->summary);
-    }
+    if (!run.summary.empty()) out << fmt::format("  {:<9} {}\n", run.name, run.summary);
   }
+}
+
+Status WriteRequestsCsv(const std::filesystem::path& dir, const std::vector<Run>& runs) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return Status::IoError(fmt::format("{}: {}", dir.string(), ec.message()));
+  for (const Run& run : runs) {
+    if (!run.report) continue;
+    const std::filesystem::path path = dir / (run.name + "_requests.csv");
+    std::ofstream f(path);
+    f << "id,arrival_step,first_sched_step,first_hit_tokens,num_preemptions,finish_step\n";
+    for (const RequestRecord& q : run.report->requests) {
+      f << fmt::format("{},{},{},{},{},{}\n", q.id, q.arrival_step, q.first_scheduled_step,
+                       q.first_hit_tokens, q.preemptions, q.finish_step);
+    }
+    if (!f) return Status::IoError(fmt::format("{}: write failed", path.string()));
+  }
+  return Status::Ok();
 }
 
 }  // namespace
@@ -163,9 +207,20 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--block-tokens", args.block_tokens, "tokens per attention block")
       ->capture_default_str();
-  cmd->add_option("--allocator", args.allocator, "uniform, padded, hybridkv or all")
+  cmd->add_option("--allocator", args.allocator,
+                  "vllm (vLLM v1's manager: the baseline), uniform, padded, hybridkv or all")
       ->capture_default_str();
+  cmd->add_option("--mamba-cache-mode", args.mamba_cache_mode,
+                  "vllm mode on recurrent hybrids: auto (vLLM's default), all or align")
+      ->capture_default_str();
+  cmd->add_option("--max-state-splits", args.max_state_splits,
+                  "hkv modes: recurrent checkpoints inside one request's prefill chunk per step")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--csv", args.csv_dir, "write DIR/<allocator>.csv, one row per step");
+  cmd->add_option(
+      "--requests-csv", args.requests_csv_dir,
+      "write DIR/<allocator>_requests.csv, one row per request (vLLM reference format)");
   cmd->add_option("--plot", args.plot, "write a PNG of the modes over time (gnuplot)");
   cmd->add_flag("--json", args.json, "print {\"runs\": [...]} instead of a table");
   return cmd;
@@ -178,23 +233,50 @@ int RunSimulate(const SimulateArgs& args, std::ostream& out, std::ostream& err, 
     return 2;
   }
   Inputs& in = *prepared;
-  const double ideal = IdealHitRate(in.trace, args.block_tokens);
   std::vector<Run> runs;
   bool failed = false;
-  for (AllocatorMode mode : in.modes) {
+  std::vector<std::optional<AllocatorMode>> order;
+  if (in.with_vllm) order.push_back(std::nullopt);
+  for (AllocatorMode mode : in.modes)
+    order.push_back(mode);
+  for (const std::optional<AllocatorMode>& mode : order) {
     Run& run = runs.emplace_back();
     run.mode = mode;
-    Result<Allocator> a = MakeAllocator(in.model, mode, in.alloc);
-    if (!a.ok()) {
-      run.error = a.status().message();
-      failed = true;
-      continue;
+    run.name = mode ? std::string(AllocatorModeName(*mode)) : "vllm";
+    std::optional<Allocator> allocator;
+    std::optional<vllm::KvCacheConfig> vllm_config;
+    if (mode) {
+      Result<Allocator> a = MakeAllocator(in.model, *mode, in.alloc);
+      if (!a.ok()) {
+        run.error = a.status().message();
+        failed = true;
+        continue;
+      }
+      allocator = std::move(*a);
+      allocator->config.max_state_splits = args.max_state_splits;
+      run.block_tokens = allocator->block_tokens;
+      run.state_page_bytes = allocator->state_page_bytes;
+      run.pool_block_bytes = allocator->pool_block_bytes;
+      run.summary = allocator->summary;
+    } else {
+      Result<vllm::KvCacheConfig> c = vllm::MakeKvCacheConfig(in.model, in.vllm);
+      if (!c.ok()) {
+        run.error = c.status().message();
+        failed = true;
+        continue;
+      }
+      vllm_config = std::move(*c);
+      run.block_tokens = vllm_config->scheduler_block_size;
+      run.pool_block_bytes = {vllm_config->page_size_bytes * vllm_config->group_size};
+      run.summary =
+          fmt::format("vLLM v1: {} (mamba cache mode {})", vllm::DescribeGroups(*vllm_config),
+                      vllm::MambaCacheModeName(vllm_config->mamba_cache_mode));
     }
-    run.allocator = std::move(*a);
+    run.ideal = IdealHitRate(in.trace, run.block_tokens);
     ReplayOptions ro = in.replay;
     if (err_is_tty) {
       const auto total = static_cast<int64_t>(in.trace.size());
-      const std::string name(AllocatorModeName(mode));
+      const std::string name = run.name;
       ro.on_progress = [&err, total, name](int64_t done) {
         const int64_t width = 40, filled = total == 0 ? width : done * width / total;
         err << fmt::format("\r{:<9} [{:<40}] {}/{} requests", name,
@@ -202,7 +284,8 @@ int RunSimulate(const SimulateArgs& args, std::ostream& out, std::ostream& err, 
             << std::flush;
       };
     }
-    Result<ReplayReport> r = Replay(in.trace, run.allocator->config, ro);
+    Result<ReplayReport> r = allocator ? Replay(in.trace, allocator->config, ro)
+                                       : ReplayVllm(in.trace, *vllm_config, ro);
     if (err_is_tty) err << "\r" << std::string(80, ' ') << "\r" << std::flush;
     if (!r.ok()) {
       run.error = r.status().message();
@@ -219,17 +302,23 @@ int RunSimulate(const SimulateArgs& args, std::ostream& out, std::ostream& err, 
     j["memory_bytes"] = in.alloc.memory_bytes;
     j["runs"] = nlohmann::json::array();
     for (const Run& run : runs)
-      j["runs"].push_back(RunJson(run, ideal, true));
+      j["runs"].push_back(RunJson(run, true));
     out << j.dump(2) << "\n";
   } else {
-    PrintTable(in, args, runs, ideal, out);
+    PrintTable(in, args, runs, out);
   }
   std::vector<StepSeries> series;
   for (const Run& run : runs) {
-    if (run.report) series.push_back({std::string(AllocatorModeName(run.mode)), &run.report->log});
+    if (run.report) series.push_back({run.name, &run.report->log});
   }
   if (!args.csv_dir.empty()) {
     if (Status s = WriteStepCsv(args.csv_dir, series); !s.ok()) {
+      err << "hkv simulate: error: " << s.message() << "\n";
+      return 2;
+    }
+  }
+  if (!args.requests_csv_dir.empty()) {
+    if (Status s = WriteRequestsCsv(args.requests_csv_dir, runs); !s.ok()) {
       err << "hkv simulate: error: " << s.message() << "\n";
       return 2;
     }
@@ -244,7 +333,7 @@ int RunSimulate(const SimulateArgs& args, std::ostream& out, std::ostream& err, 
   }
   for (const Run& run : runs) {
     if (!run.report) {
-      err << fmt::format("hkv simulate: {}: {}\n", AllocatorModeName(run.mode), run.error);
+      err << fmt::format("hkv simulate: {}: {}\n", run.name, run.error);
     }
   }
   return failed ? 1 : 0;

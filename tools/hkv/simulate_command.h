@@ -1,9 +1,13 @@
 // `hkv simulate`: replay a trace through the real manager under one or all allocator modes.
 //
 // Contract: RunSimulate loads the model, reads the trace (or generates the built-in default:
-// kDefaultTraceOptions), runs Replay once per requested allocator mode and prints one comparison
-// table (or, with --json, {"runs": [...]} with the figures replay.md names). --csv DIR writes one
-// per-step CSV per mode, --plot FILE a PNG of the modes over time (gnuplot). A progress bar goes
+// kDefaultTraceOptions), runs the replay once per requested allocator — `vllm` (vLLM v1's own
+// manager and scheduler rules, ReplayVllm; the baseline) and hkv's modes uniform, padded and
+// hybridkv (Replay) — and prints one comparison table (or, with --json, {"runs": [...]} with the
+// figures replay.md names, each run's ideal hit rate at its own block size). --csv DIR writes
+// one per-step CSV per mode, --requests-csv DIR one requests CSV per mode in the format of
+// vLLM's reference script (id, arrival, first scheduled step, first hit tokens, preemptions,
+// finish step), --plot FILE a PNG of the modes over time (gnuplot). A progress bar goes
 // to `err` only when `err_is_tty`. Returns 0, 1 when a mode could not be replayed (the others are
 // still reported), or 2 for bad arguments, an unreadable config or trace, or a failed output.
 #pragma once
@@ -27,7 +31,10 @@ struct SimulateArgs {
   int32_t max_running = 1024;
   int32_t block_tokens = 16;
   std::string allocator = "all";
+  std::string mamba_cache_mode = "auto";  // vllm mode: auto, all or align
+  int32_t max_state_splits = 2;           // hkv modes: checkpoints inside one request's chunk
   std::string csv_dir;
+  std::string requests_csv_dir;
   std::string plot;
   bool json = false;
 };

@@ -25,6 +25,7 @@
 #include <hkv/common/result.h>
 #include <hkv/manager/manager_config.h>
 #include <hkv/sim/trace.h>
+#include <hkv/vllm/kv_cache_config.h>
 
 namespace hkv {
 
@@ -35,6 +36,10 @@ struct ReplayOptions {
   uint64_t output_seed = 0;  // outputs of requests the trace gives none
   int32_t vocab = 32000;     // range of generated output tokens
   bool record_steps = false;
+  bool record_requests = false;  // fill ReplayReport::requests
+  // vLLM replay only: scheduler_reserve_full_isl, the admission gate that requires the whole
+  // prompt to fit (vLLM's default, on).
+  bool reserve_full_prompt = true;
   bool check_invariants = false;  // run the manager's checker after every step (tests)
   // Called with the number of finished requests every 256 steps and once at the end (a progress
   // bar); outside the measured manager time.
@@ -51,6 +56,19 @@ struct ReplayStep {
   int64_t hit_tokens = 0;     // prefix-hit tokens of this step's admissions
   int64_t preemptions = 0;
   int64_t scheduled_tokens = 0;
+  int64_t state_splits = 0;  // recurrent checkpoints inside the step's chunks (pieces - 1)
+};
+
+// One request's course through a replay, as vLLM's reference script logs it (requests.csv):
+// steps are the step counter s (idle gaps skipped, not counted).
+struct RequestRecord {
+  int64_t id = 0;
+  int64_t arrival_step = 0;
+  int64_t first_scheduled_step = -1;
+  int64_t first_hit_tokens = -1;  // prefix-hit tokens at the first admission
+  int64_t preemptions = 0;
+  int64_t finish_step = -1;
+  bool operator==(const RequestRecord&) const = default;
 };
 
 // Mean and nearest-rank percentiles of the per-step manager time, in microseconds.
@@ -66,12 +84,19 @@ struct ReplayReport {
   int64_t admission_tokens = 0, admission_hits = 0;              // every admission
   int64_t peak_blocks_used = 0;
   int64_t peak_running = 0;
-  int64_t num_blocks = 0;          // over all pools, null blocks excluded
-  std::vector<double> manager_us;  // per step
-  std::vector<ReplayStep> log;     // when record_steps
+  int64_t num_blocks = 0;  // over all pools, null blocks excluded
+  // Chunk splits for recurrent checkpoints: in all, in the busiest step, and for one request in
+  // one step (never above the manager's max_state_splits). vLLM's are 0: its `align` mode
+  // schedules chunks that end at block boundaries, and in `all` mode the SSD kernel leaves the
+  // states at its own chunk boundaries.
+  int64_t state_splits = 0, max_step_state_splits = 0, max_request_state_splits = 0;
+  std::vector<double> manager_us;       // per step
+  std::vector<ReplayStep> log;          // when record_steps
+  std::vector<RequestRecord> requests;  // when record_requests, in trace order
 
   double hit_rate() const;
   double hit_rate_incl_readmissions() const;
+  double state_splits_per_step() const;
   StepTimes manager_times() const;
 };
 
@@ -82,9 +107,21 @@ struct ReplayReport {
 Result<ReplayReport> Replay(const Trace& trace, const ManagerConfig& config,
                             const ReplayOptions& options);
 
+// The same trace replayed through vllm::KvCacheManager (vLLM v1's manager restated) by the
+// scheduler of vLLM's reference script (../shared/vllm_reference): replay.md's rules with
+// vLLM's own where they differ — the Mamba `align` chunk split at block boundaries, the
+// full-prompt admission gate counted by vLLM's get_num_blocks_to_allocate (sliding windows
+// capped at their admission limit), a running loop that stops when the budget is spent, blocks
+// cached as they are allocated, and a request that reaches max_model_len finishing there.
+// Peak blocks are blocks in use after the step's scheduling (the null block excluded).
+// options.max_model_len and token_budget must equal the config's.
+Result<ReplayReport> ReplayVllm(const Trace& trace, const vllm::KvCacheConfig& config,
+                                const ReplayOptions& options);
+
 // Hit rate of the trace with an infinite cache of `block_tokens`-token blocks: at each arrival,
-// the block-aligned prefix (at most prompt - 1 tokens) that earlier requests' prompts and outputs
-// cover, over all prompt tokens.
+// the block-aligned prefix (at most prompt - 1 tokens) that earlier requests cover with the
+// tokens they computed (prompt and outputs but the last, which is sampled and never computed),
+// over all prompt tokens.
 double IdealHitRate(const Trace& trace, int32_t block_tokens);
 
 }  // namespace hkv

@@ -1,0 +1,244 @@
+// ReplayVllm: the scheduler loop of ../shared/vllm_reference/run_vllm_manager.py (which follows
+// vllm/v1/core/sched/scheduler.py) over vllm::KvCacheManager.
+#include <algorithm>
+#include <deque>
+
+#include <fmt/format.h>
+
+#include <hkv/sim/replayer.h>
+#include <hkv/vllm/kv_cache_manager.h>
+
+#include "replay_common.h"
+
+namespace hkv {
+namespace {
+
+struct Live {
+  const TraceRequest* trace = nullptr;
+  vllm::Request req;
+  std::vector<int32_t> generated;
+  int32_t outputs = 0;
+  bool admitted = false;
+};
+
+// Scheduler._mamba_block_aligned_split: in `align` mode a prefill chunk ends at a block boundary
+// (or at the last one before the end of the prompt), so the state the kernel leaves at the end
+// of the chunk is a state a block can cache.
+int64_t MambaBlockAlignedSplit(const Live& r, int64_t n, int32_t block_size,
+                               int64_t new_local_computed) {
+  const int64_t computed = r.req.num_computed_tokens + new_local_computed;
+  const int64_t num_tokens = r.req.num_tokens();
+  if (computed < std::max(r.req.num_prompt_tokens(), num_tokens - 1)) {
+    const int64_t last_cache_position = num_tokens - num_tokens % block_size;
+    const int64_t after = computed + n;
+    if (after < last_cache_position) {
+      n = n / block_size * block_size;
+    } else if (computed < last_cache_position && last_cache_position < after) {
+      n = last_cache_position - computed;
+    }
+  }
+  return n;
+}
+
+}  // namespace
+
+Result<ReplayReport> ReplayVllm(const Trace& trace, const vllm::KvCacheConfig& config,
+                                const ReplayOptions& o) {
+  HKV_RETURN_IF_ERROR(sim_internal::CheckReplayInputs(trace, o));
+  if (config.max_model_len != o.max_model_len || config.max_num_batched_tokens != o.token_budget) {
+    return Status::InvalidArgument(fmt::format(
+        "replay: the vLLM config was made for max model len {} and {} batched tokens, the replay "
+        "uses {} and {}",
+        config.max_model_len, config.max_num_batched_tokens, o.max_model_len, o.token_budget));
+  }
+  HKV_ASSIGN_OR_RETURN(vllm::KvCacheManager manager, vllm::KvCacheManager::Create(config));
+  const bool split = config.mamba_block_aligned_split();
+  const int32_t cache_block = config.cache_block_size;
+  const int64_t usable = config.usable_blocks();
+
+  ReplayReport report;
+  report.num_blocks = usable;
+  std::vector<std::vector<int32_t>> generated = sim_internal::GeneratedOutputs(trace, o);
+  std::vector<Live> reqs;
+  reqs.reserve(trace.size());
+  for (size_t i = 0; i < trace.size(); ++i) {
+    reqs.push_back(Live{
+        &trace[i],
+        vllm::Request(static_cast<vllm::RequestId>(i), trace[i].prompt, config.hash_block_size),
+        std::move(generated[i])});
+  }
+  if (o.record_requests) {
+    report.requests.resize(trace.size());
+    for (size_t i = 0; i < trace.size(); ++i) {
+      report.requests[i].id = trace[i].id;
+      report.requests[i].arrival_step = trace[i].arrival_step;
+    }
+  }
+  const auto record = [&](const Live& r) -> RequestRecord* {
+    return o.record_requests ? &report.requests[static_cast<size_t>(r.req.id())] : nullptr;
+  };
+  const auto output_token = [](const Live& r) {
+    const auto k = static_cast<size_t>(r.outputs);
+    return r.trace->output.empty() ? r.generated[k] : r.trace->output[k];
+  };
+
+  struct Scheduled {
+    Live* r;
+    int64_t n;
+  };
+  std::deque<Live*> waiting;
+  std::vector<Live*> running;
+  std::vector<Scheduled> scheduled;
+  std::vector<Live*> stopped;
+  vllm::GroupBlocks new_blocks;
+  sim_internal::Stopwatch watch;
+  size_t next = 0;
+  int64_t s = 0;
+  int64_t finished = 0;
+  while (next < reqs.size() || !waiting.empty() || !running.empty()) {
+    while (next < reqs.size() && reqs[next].trace->arrival_step <= s)
+      waiting.push_back(&reqs[next++]);
+    if (waiting.empty() && running.empty()) {
+      s = reqs[next].trace->arrival_step;
+      continue;
+    }
+    ReplayStep step;
+    step.step = s;
+    watch.Run([&] { manager.NewStepStarts(); });
+    int64_t budget = o.token_budget;
+    bool preempted = false;
+    scheduled.clear();
+
+    // Running requests, while budget remains.
+    for (size_t i = 0; i < running.size() && budget > 0;) {
+      Live* r = running[i];
+      int64_t n = std::min({r->req.num_tokens() - r->req.num_computed_tokens, budget,
+                            o.max_model_len - 1 - r->req.num_computed_tokens});
+      if (split) n = MambaBlockAlignedSplit(*r, n, cache_block, 0);
+      if (n <= 0) {
+        ++i;
+        continue;
+      }
+      bool self_preempted = false;
+      for (;;) {
+        vllm::AllocateArgs args;
+        args.num_new_tokens = n;
+        const Status st = watch([&] { return manager.AllocateSlots(r->req, args, &new_blocks); });
+        if (st.ok()) break;
+        if (st.code() != StatusCode::kResourceExhausted) return st;
+        Live* victim = running.back();
+        running.pop_back();
+        watch.Run([&] { manager.Free(victim->req.id()); });
+        victim->req.num_computed_tokens = 0;
+        waiting.push_front(victim);
+        ++report.preemptions;
+        ++step.preemptions;
+        preempted = true;
+        if (RequestRecord* rec = record(*victim)) ++rec->preemptions;
+        if (victim == r) {
+          self_preempted = true;
+          break;
+        }
+      }
+      if (self_preempted) break;
+      scheduled.push_back({r, n});
+      budget -= n;
+      ++i;
+    }
+
+    // Waiting requests, only in a step without preemption.
+    while (!preempted && !waiting.empty() && budget > 0 &&
+           static_cast<int64_t>(running.size()) < o.max_running) {
+      Live* r = waiting.front();
+      const vllm::ComputedBlocks hit = watch([&] { return manager.GetComputedBlocks(r->req); });
+      int64_t n = std::min(r->req.num_tokens() - hit.num_tokens, budget);
+      if (split) {
+        n = MambaBlockAlignedSplit(*r, n, cache_block, hit.num_tokens);
+        if (n == 0) break;
+      }
+      vllm::AllocateArgs args;
+      args.num_new_tokens = n;
+      args.num_new_computed_tokens = hit.num_tokens;
+      args.new_computed = &hit;
+      args.full_sequence_must_fit = o.reserve_full_prompt;
+      const Status st = watch([&] { return manager.AllocateSlots(r->req, args); });
+      if (st.code() == StatusCode::kResourceExhausted) break;
+      HKV_RETURN_IF_ERROR(st);
+      waiting.pop_front();
+      running.push_back(r);
+      watch.Run([&] { new_blocks = manager.GetBlockIds(r->req.id()); });
+      report.admission_tokens += r->req.num_tokens();
+      report.admission_hits += hit.num_tokens;
+      step.hit_tokens += hit.num_tokens;
+      if (!r->admitted) {
+        r->admitted = true;
+        report.first_admission_tokens += r->req.num_tokens();
+        report.first_admission_hits += hit.num_tokens;
+        if (RequestRecord* rec = record(*r)) {
+          rec->first_scheduled_step = s;
+          rec->first_hit_tokens = hit.num_tokens;
+        }
+      }
+      r->req.num_computed_tokens = hit.num_tokens;
+      scheduled.push_back({r, n});
+      budget -= n;
+    }
+    if (!preempted && running.empty() && !waiting.empty()) {
+      const Live& r = *waiting.front();
+      return Status::ResourceExhausted(fmt::format(
+          "replay: request {} ({} tokens) does not fit in vLLM's {} blocks even with nothing "
+          "else running; give it more memory",
+          r.trace->id, r.req.num_tokens(), usable));
+    }
+    if (!running.empty()) {
+      watch.Run([&] { (void)manager.NumCommonPrefixBlocks(running.front()->req.id()); });
+    }
+
+    const vllm::PoolStats pool = manager.Stats();
+    step.blocks_used = usable - pool.num_free;
+    step.cached_blocks = pool.num_cached;
+    step.running = static_cast<int64_t>(running.size());
+    step.waiting = static_cast<int64_t>(waiting.size());
+    report.peak_blocks_used = std::max(report.peak_blocks_used, step.blocks_used);
+    report.peak_running = std::max(report.peak_running, step.running);
+
+    for (const Scheduled& sc : scheduled) {
+      sc.r->req.num_computed_tokens += sc.n;
+      step.scheduled_tokens += sc.n;
+    }
+    report.scheduled_tokens += step.scheduled_tokens;
+
+    // A token is sampled for every request past its prompt; finished ones are freed in order.
+    stopped.clear();
+    for (const Scheduled& sc : scheduled) {
+      Live* r = sc.r;
+      if (r->req.num_computed_tokens < r->req.num_tokens()) continue;
+      if (r->outputs < r->trace->output_len) {
+        r->req.AppendToken(output_token(*r));
+        ++r->outputs;
+      }
+      if (r->outputs >= r->trace->output_len || r->req.num_tokens() >= o.max_model_len)
+        stopped.push_back(r);
+    }
+    if (!stopped.empty()) {
+      std::erase_if(running, [&](Live* r) {
+        return std::find(stopped.begin(), stopped.end(), r) != stopped.end();
+      });
+      for (Live* r : stopped) {
+        watch.Run([&] { manager.Free(r->req.id()); });
+        ++finished;
+        if (RequestRecord* rec = record(*r)) rec->finish_step = s;
+      }
+    }
+    report.manager_us.push_back(watch.Take());
+    if (o.check_invariants) HKV_RETURN_IF_ERROR(manager.CheckInvariants());
+    if (o.record_steps) report.log.push_back(step);
+    ++report.steps;
+    ++s;
+    if (o.on_progress && report.steps % 256 == 0) o.on_progress(finished);
+  }
+  if (o.on_progress) o.on_progress(finished);
+  return report;
+}
+
+}  // namespace hkv
