@@ -378,8 +378,35 @@ Result<int64_t> Engine::Execute(Live& r, const std::vector<int32_t>& drafts) {
   if (options_.sparse) PrepareSparse(r, step.begin, step.end, *view);
   std::vector<int32_t> tokens = r.seq.tokens;
   tokens.insert(tokens.end(), drafts.begin(), drafts.end());
-  const std::vector<float> logits =
-      Forward(spec_, weights_, tokens, step.begin, step.end, *view, r.seq.encoder);
+  // A recurrent checkpoint at a known position inside the step splits the chunk: the step runs
+  // in pieces ending there, as an engine with chunked recurrent kernels must (their states exist
+  // only at the ends of the chunks they are given). Speculative positions are not splits: a
+  // verification kernel keeps a state per draft. A sparse step runs whole (its policies observe
+  // the step's attention at once); sparse requests publish nothing once they evict.
+  std::vector<int64_t> cuts{step.begin};
+  if (!options_.sparse) {
+    const auto known = static_cast<int64_t>(r.seq.tokens.size());
+    const std::vector<GroupConfig>& groups = manager_->config().groups;
+    for (size_t g = 0; g < groups.size(); ++g) {
+      if (!groups[g].is_state()) continue;
+      HKV_ASSIGN_OR_RETURN(const StateStep st, manager_->State(id, static_cast<int32_t>(g)));
+      for (const StateSnapshot& s : st.snapshots) {
+        if (s.position > step.begin && s.position < step.end && s.position < known)
+          cuts.push_back(s.position);
+      }
+      break;  // every state group has the same positions
+    }
+  }
+  cuts.push_back(step.end);
+  const auto splits = static_cast<int64_t>(cuts.size()) - 2;
+  counters_.state_splits += splits;
+  counters_.max_state_splits = std::max(counters_.max_state_splits, splits);
+  std::vector<float> logits;
+  for (size_t k = 0; k + 1 < cuts.size(); ++k) {
+    const std::vector<float> piece =
+        Forward(spec_, weights_, tokens, cuts[k], cuts[k + 1], *view, r.seq.encoder);
+    logits.insert(logits.end(), piece.begin(), piece.end());
+  }
   HKV_RETURN_IF_ERROR(view->status());
   if (options_.sparse) {
     ShowWritten(r, *view);

@@ -20,7 +20,9 @@ constexpr int32_t kLoad = -1;
 // - the last aligned known position inside the step, when the step does not itself end on one,
 //   so the rolling state keeps up with multi-token steps (chunked prefill);
 // - every speculative position, so that Commit and Truncate can land on any of them.
-// The state after `end` is the step's write slot and needs no copy.
+// The state after `end` is the step's write slot and needs no copy. Each of the first three is a
+// split of the step's chunk; at most max_state_splits are kept, the most useful first (a branch
+// point others share, what an identical prompt hits, the rolling state, the newest intervals).
 void KvCacheManager::Impl::PlanSnapshots(const Request& r, int64_t begin, int64_t end,
                                          int64_t divergence, std::vector<int64_t>& out) const {
   out.clear();
@@ -29,18 +31,22 @@ void KvCacheManager::Impl::PlanSnapshots(const Request& r, int64_t begin, int64_
   const int64_t last = std::min({end - 1, known, r.publish_until});
   // Without prefix caching nobody could hit a checkpoint: only speculative states are kept.
   if (config.enable_prefix_caching) {
-    const int64_t interval = config.checkpoint_interval;
-    if (interval > 0) {
-      for (int64_t p = (begin / interval + 1) * interval; p <= last; p += interval) {
+    const auto splits = static_cast<size_t>(config.max_state_splits);
+    const auto add = [&](int64_t p) {
+      if (out.size() < splits && std::find(out.begin(), out.end(), p) == out.end())
         out.push_back(p);
-      }
-    }
+    };
+    if (divergence > begin && divergence <= last) add(divergence);
     const int64_t prompt_ckpt = PromptCheckpoint(r);
-    if (prompt_ckpt > begin && prompt_ckpt <= last) out.push_back(prompt_ckpt);
-    if (divergence > begin && divergence <= last) out.push_back(divergence);
+    if (prompt_ckpt > begin && prompt_ckpt <= last) add(prompt_ckpt);
     const int64_t rolling = last / align * align;
     const bool end_rolls = end % align == 0 && end <= known;
-    if (rolling > begin && !end_rolls) out.push_back(rolling);
+    if (rolling > begin && !end_rolls) add(rolling);
+    const int64_t interval = config.checkpoint_interval;
+    if (interval > 0) {
+      for (int64_t p = last / interval * interval; p > begin && out.size() < splits; p -= interval)
+        add(p);
+    }
   }
   // The state after 0 tokens is the zero state: it needs no copy.
   for (int64_t p = std::max({begin, known, int64_t{1}}); p < end; ++p)

@@ -159,6 +159,12 @@ Status ManagerConfig::Validate() const {
         "alignment ({} tokens)",
         checkpoint_interval, align));
   }
+  if (max_state_splits < 0) {
+    return Status::InvalidArgument(fmt::format(
+        "manager config: max_state_splits {} is negative; expected 0 (no checkpoint inside a "
+        "step) or more",
+        max_state_splits));
+  }
   if (max_interval_checkpoints < 0) {
     return Status::InvalidArgument(
         fmt::format("manager config: max_interval_checkpoints {} is negative; expected 0 (no cap) "

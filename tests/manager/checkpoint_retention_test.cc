@@ -12,11 +12,45 @@ namespace {
 
 constexpr int32_t kStatePool = 1;
 
+// These tests prefill a whole prompt in one step and follow every checkpoint it passes: an
+// engine that splits a chunk as often as needed (the default cap of 2 is tested below).
 ManagerConfig Hybrid(int64_t interval, int32_t cap) {
   ManagerConfig c = MakeConfig({256, 64}, {Full(4, 0), StateGroup(kStatePool)});
   c.checkpoint_interval = interval;
   c.max_interval_checkpoints = cap;
+  c.max_state_splits = 16;
   return c;
+}
+
+// Positions the step snapshots (the chunk's splits) for a 30-token prompt prefilled at once with
+// 4-token alignment and an interval of 8.
+std::vector<int64_t> SplitsOfOneStep(int32_t max_state_splits) {
+  ManagerConfig c = Hybrid(8, 0);
+  c.max_state_splits = max_state_splits;
+  Driver d(c);
+  d.Add(1, Seq(30));
+  EXPECT_TRUE(d.m().Allocate(1, 30).ok());
+  const Result<StateStep> st = d.m().State(1, 1);
+  EXPECT_TRUE(st.ok());
+  std::vector<int64_t> out;
+  if (!st.ok()) return out;
+  for (const StateSnapshot& s : st->snapshots)
+    out.push_back(s.position);
+  return out;
+}
+
+TEST(CheckpointRetention, SplitsPerStepAreCappedKeepingTheMostUseful) {
+  // Candidates: the prompt's end (28, also the rolling state) and the intervals 8, 16, 24.
+  EXPECT_EQ(SplitsOfOneStep(16), (std::vector<int64_t>{8, 16, 24, 28}));
+  // Two splits: the prompt's end, then the newest interval.
+  EXPECT_EQ(SplitsOfOneStep(2), (std::vector<int64_t>{24, 28}));
+  EXPECT_EQ(SplitsOfOneStep(1), (std::vector<int64_t>{28}));
+  EXPECT_TRUE(SplitsOfOneStep(0).empty());
+  ManagerConfig bad = Hybrid(8, 0);
+  bad.max_state_splits = -1;
+  const Result<KvCacheManager> m = KvCacheManager::Create(bad);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("max_state_splits -1"), std::string::npos);
 }
 
 // Blocks of the state pool that the calls since the last look were published into, in order.

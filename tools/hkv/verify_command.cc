@@ -165,6 +165,8 @@ int RunVerifyCommand(const VerifyArgs& args, std::ostream& out, std::ostream& er
                      {"checkpoint_hits", f.checkpoint_hits},
                      {"shortest_checkpoint_hit", f.shortest_checkpoint_hit},
                      {"window_blocks_freed", f.window_blocks_freed},
+                     {"state_splits", f.state_splits},
+                     {"max_state_splits", f.max_state_splits},
                      {"cross_attention_reuses", f.cross_attention_reuses},
                      {"drafts_accepted", f.drafts_accepted},
                      {"drafts_rejected", f.drafts_rejected},

@@ -140,6 +140,11 @@ struct EngineCounters {
   int64_t checkpoint_hits = 0;  // hits on a model with recurrent state (they land on checkpoints)
   int64_t shortest_checkpoint_hit = 0;  // fewest tokens one of those hits reused (0: none)
   int64_t window_blocks_freed = 0;
+  // Recurrent checkpoints inside a step's chunk: the step ran in pieces split there (what a
+  // chunked SSD / DeltaNet kernel needs to leave those states). Total, and the most one request
+  // had in one step (the manager caps it at ManagerConfig::max_state_splits).
+  int64_t state_splits = 0;
+  int64_t max_state_splits = 0;
   int64_t branch_blocks_given_back = 0;  // the manager's (ManagerStats), as of the last step
   int64_t cross_attention_reuses = 0;    // requests that started on cached encoder K/V
   int64_t drafts_accepted = 0, drafts_rejected = 0;

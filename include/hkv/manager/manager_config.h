@@ -20,6 +20,12 @@
 //   final state, except where it diverged from a cached prefix (a branch point, which other
 //   requests share); while it runs, interval checkpoints beyond its newest
 //   `max_interval_checkpoints`.
+// - A checkpoint strictly inside a step splits the step's chunk there: recurrent kernels
+//   (Mamba-2 SSD, gated DeltaNet) leave a state only at the end of the chunk they are given, so
+//   the engine runs the chunk in pieces. At most `max_state_splits` such checkpoints are planned
+//   per request and step (0: none inside a chunk), kept in the order of their worth: the
+//   divergence point, the prompt's end, the rolling state, then interval checkpoints newest
+//   first. Speculative snapshots are not splits: a verification kernel keeps a state per draft.
 #pragma once
 
 #include <cstdint>
@@ -63,6 +69,7 @@ struct ManagerConfig {
   int64_t checkpoint_interval = 0;  // recurrent checkpoints every this many tokens; 0: none
   bool demote_superseded_checkpoints = true;  // false: every checkpoint keeps its LRU place
   int32_t max_interval_checkpoints = 4;       // per request, not demoted while it runs; 0: all
+  int32_t max_state_splits = 2;  // checkpoints inside one request's step (chunk splits)
   bool enable_prefix_caching = true;
   bool drop_last_hit_block = false;  // speculative decoding (EAGLE/MTP): hits end one unit early
   // Free releases the token blocks of all groups sharing a pool in one tail-first order by
