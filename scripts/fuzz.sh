@@ -21,6 +21,9 @@ for f in models/*/config.json tests/data/configs/*.json; do
 done
 build/fuzz/tools/hkv/hkv trace gen --requests 4 --max-prompt 300 --seed 1 \
   -o "$work/trace/seeds/seed.jsonl" 2>/dev/null
+# Prompts short enough that trace_fuzz replays the trace (its max model len is 96).
+build/fuzz/tools/hkv/hkv trace gen --requests 6 --max-prompt 60 --seed 2 \
+  -o "$work/trace/seeds/replayed.jsonl" 2>/dev/null
 
 HKV_FUZZ_WRITE_SEEDS="$work/connector/seeds" build/fuzz/fuzz/connector_fuzz
 
