@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The main job: install, build the CLI, replay a chat trace through the manager under three
-# allocators, and show what the planner sees in real models.
+# The main job: install, build the CLI, replay a chat trace through vLLM's manager (the baseline)
+# and hkv's manager under three allocators, and show what the planner sees in real models.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -10,12 +10,12 @@ hkv=build/dev/tools/hkv/hkv
 
 banner() { printf '\n==== %s ====\n' "$*"; }
 
-banner "Gemma-2-9B, 16 GiB: built-in chat trace (1000 requests) under uniform, padded and hybridkv"
+banner "Gemma-2-9B, 16 GiB: built-in chat trace (1000 requests): vLLM's manager, then hkv's uniform, padded and hybridkv"
 "$hkv" simulate models/google--gemma-2-9b
 
 banner "Bamba-9B (Mamba-2 hybrid), 16 GiB: the same trace"
 "$hkv" simulate models/ibm-ai-platform--Bamba-9B --plot build/bamba-simulate.png
-echo "plot of the three modes over time: build/bamba-simulate.png"
+echo "plot of the four runs over time: build/bamba-simulate.png"
 
 banner "Gemma-2-9B at its native 8K context (1:1 sliding/full): the RFC's 25% uniform waste"
 "$hkv" plan models/google--gemma-2-9b --seq-len 8192
