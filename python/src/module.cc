@@ -1,5 +1,9 @@
 // The hybridkv Python module: the library's KV-cache manager for engines that schedule in Python.
+#include <string>
+
 #include <pybind11/pybind11.h>
+
+#include <hkv/common/version.h>
 
 #include "bindings.h"
 #include "status_error.h"
@@ -12,7 +16,7 @@ PYBIND11_MODULE(hybridkv, m) {
       "and drive it per step: add_request, lookup, allocate, commit, append_tokens, free. Block "
       "tables and slot mappings come out as numpy arrays. Errors raise hybridkv.Error subclasses "
       "with the library's message; a failed call changes nothing.";
-  m.attr("__version__") = "0.1.0";
+  m.attr("__version__") = std::string(hkv::Version());
   hkv::python::RegisterErrors(m);
   hkv::python::BindModel(m);
   hkv::python::BindManager(m);

@@ -4,6 +4,8 @@
 #include <CLI/CLI.hpp>
 #include <unistd.h>
 
+#include <hkv/common/version.h>
+
 #include "plan_command.h"
 #include "simulate_command.h"
 #include "sparse_eval_command.h"
@@ -12,6 +14,7 @@
 
 int main(int argc, char** argv) {
   CLI::App app{"hybridkv: KV-cache memory planning and management for hybrid LLMs", "hkv"};
+  app.set_version_flag("--version", "hkv " + std::string(hkv::Version()));
   app.require_subcommand(1);
   hkv::cli::PlanArgs plan_args;
   CLI::App* plan = hkv::cli::AddPlanCommand(app, plan_args);
