@@ -297,15 +297,43 @@ Result<AllocatorMode> ParseAllocatorMode(std::string_view text) {
       fmt::format("allocator '{}': expected uniform, padded or hybridkv", text));
 }
 
+namespace {
+
+Result<Allocator> MakeAllocatorUnchecked(const ModelSpec& model, AllocatorMode mode,
+                                         const AllocatorOptions& o);
+
+}  // namespace
+
 Result<Allocator> MakeAllocator(const ModelSpec& model, AllocatorMode mode,
                                 const AllocatorOptions& o) {
-  if (o.block_tokens < 1 || o.memory_bytes < 1 || o.max_model_len < 1 || o.planning_tokens < 0 ||
-      o.planning_tokens > o.max_model_len) {
+  const auto at_least_one = [](std::string_view what, int64_t v) {
+    return Status::InvalidArgument(fmt::format("allocator: {} {}: expected at least 1", what, v));
+  };
+  if (o.block_tokens < 1) return at_least_one("block_tokens", o.block_tokens);
+  if (o.memory_bytes < 1) return at_least_one("memory", o.memory_bytes);
+  if (o.max_model_len < 1) return at_least_one("max_model_len", o.max_model_len);
+  if (o.planning_tokens < 0 || o.planning_tokens > o.max_model_len) {
     return Status::InvalidArgument(
-        fmt::format("allocator: block_tokens {}, memory {} and max_model_len {} must be >= 1 and "
-                    "planning_tokens {} in [0, max_model_len]",
-                    o.block_tokens, o.memory_bytes, o.max_model_len, o.planning_tokens));
+        fmt::format("allocator: planning_tokens {}: expected 0 to max_model_len ({})",
+                    o.planning_tokens, o.max_model_len));
   }
+  HKV_ASSIGN_OR_RETURN(Allocator a, MakeAllocatorUnchecked(model, mode, o));
+  int64_t blocks = 0;
+  for (const int32_t b : a.config.pool_blocks)
+    blocks += b - 1;
+  if (blocks > kMaxAllocatorBlocks) {
+    return Status::InvalidArgument(
+        fmt::format("allocator: memory {} makes more blocks than the {} a manager may have (their "
+                    "metadata would not fit in memory)",
+                    FormatBytes(o.memory_bytes), kMaxAllocatorBlocks));
+  }
+  return a;
+}
+
+namespace {
+
+Result<Allocator> MakeAllocatorUnchecked(const ModelSpec& model, AllocatorMode mode,
+                                         const AllocatorOptions& o) {
   HKV_RETURN_IF_ERROR(model.Validate());
   if (o.encoder_tokens < -1 || (o.encoder_tokens > 0 && !model.has_cross_attention())) {
     return Status::InvalidArgument(fmt::format(
@@ -334,5 +362,7 @@ Result<Allocator> MakeAllocator(const ModelSpec& model, AllocatorMode mode,
   }
   return Status::InvalidArgument("allocator: unknown mode");
 }
+
+}  // namespace
 
 }  // namespace hkv

@@ -297,10 +297,26 @@ TEST(AllocatorMode, RefusalsNameTheProblem) {
   EXPECT_NE(a.status().message().find("528"), std::string::npos) << a.status().ToString();
   o = {};
   o.block_tokens = 0;
-  EXPECT_FALSE(MakeAllocator(m, AllocatorMode::kHybridKV, o).ok());
+  a = MakeAllocator(m, AllocatorMode::kHybridKV, o);
+  ASSERT_FALSE(a.ok());
+  EXPECT_EQ(a.status().message(), "allocator: block_tokens 0: expected at least 1");
   o = {};
   o.planning_tokens = o.max_model_len + 1;
-  EXPECT_FALSE(MakeAllocator(m, AllocatorMode::kHybridKV, o).ok());
+  a = MakeAllocator(m, AllocatorMode::kHybridKV, o);
+  ASSERT_FALSE(a.ok());
+  EXPECT_NE(a.status().message().find("planning_tokens 16385: expected 0 to max_model_len"),
+            std::string::npos)
+      << a.status().message();
+  // Memory whose block metadata would not fit in memory is refused in every mode.
+  o = {};
+  o.memory_bytes = int64_t{100} << 40;
+  for (AllocatorMode mode : kAllAllocatorModes) {
+    a = MakeAllocator(m, mode, o);
+    ASSERT_FALSE(a.ok());
+    EXPECT_EQ(a.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(a.status().message().find("16777216"), std::string::npos) << a.status().message();
+  }
+  // vllm is not one of hkv's allocator modes: it is the vllm part (hkv/vllm/).
   EXPECT_FALSE(ParseAllocatorMode("vllm").ok());
   for (AllocatorMode mode : kAllAllocatorModes)
     EXPECT_EQ(ParseAllocatorMode(AllocatorModeName(mode)).value(), mode);

@@ -160,6 +160,18 @@ TEST_F(SimulateCommandTest, RefusalsExitTwoAndNameTheProblem) {
   args_.memory = "lots";
   EXPECT_EQ(Run(out, err), 2);
   EXPECT_NE(err.find("lots"), std::string::npos) << err;
+  // Memory whose block metadata would not fit in this machine: refused at once, naming the limit
+  // (it used to take 6.8 GB at 100 TiB and run until killed at 100000 TiB).
+  for (const char* huge : {"100TiB", "100000TiB"}) {
+    args_.memory = huge;
+    EXPECT_EQ(Run(out, err), 1) << huge;
+    EXPECT_NE(err.find("more blocks than the 16777216 a manager may have"), std::string::npos)
+        << err;
+    EXPECT_NE(err.find("vLLM refuses to start") == std::string::npos ? err.find("one pool may have")
+                                                                     : err.find("vLLM refuses"),
+              std::string::npos)
+        << err;
+  }
   // A memory too small for the longest prompt: every mode reports it, exit 1.
   args_.memory = "256MiB";
   EXPECT_EQ(Run(out, err), 1);

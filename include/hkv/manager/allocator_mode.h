@@ -84,6 +84,10 @@ struct Allocator {
   double Waste(const ModelSpec& model, int64_t tokens, int64_t encoder_tokens) const;
 };
 
+// Most blocks (over all pools, null blocks excluded) MakeAllocator hands a manager: their
+// metadata and prefix index (about 100 bytes a block) stay under 2 GiB.
+inline constexpr int64_t kMaxAllocatorBlocks = int64_t{1} << 24;
+
 Result<Allocator> MakeAllocator(const ModelSpec& model, AllocatorMode mode,
                                 const AllocatorOptions& options);
 
