@@ -5,7 +5,7 @@ For every (trace, config, memory) it runs ../shared/vllm_reference/run_vllm_mana
 unmodified manager; needs VLLM_SRC, see that folder's README) and hkv on the same trace, and
 compares the per-request log (arrival, first scheduled step, first-admission hit tokens,
 preemptions, finish step) and the run figures (steps, preemptions, scheduled tokens, peak blocks,
-peak running). A memory size vLLM refuses must be refused by hkv too.
+peak running, and the reference's digest of every block id handed to the model runner). A memory size vLLM refuses must be refused by hkv too.
 
   --gen N:SEED:GAP  a trace made by `hkv trace gen --requests N --seed SEED --session-gap GAP`
                    (repeatable; named rN_sSEED_gGAP)
@@ -41,7 +41,8 @@ CONFIGS = {
     "qwen3next": ("Qwen--Qwen3-Next-80B-A3B-Instruct", "align"),
     "jamba": ("ai21labs--Jamba-v0.1", "align"),
 }
-FIGURES = ("steps", "preemptions", "scheduled_tokens", "peak_blocks_used", "peak_running")
+FIGURES = ("steps", "preemptions", "scheduled_tokens", "peak_blocks_used", "peak_running",
+           "block_id_digest")
 
 
 def run_reference(config, trace, gib, workdir):

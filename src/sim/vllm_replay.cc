@@ -40,6 +40,38 @@ int64_t MambaBlockAlignedSplit(const Live& r, int64_t n, int32_t block_size,
   return n;
 }
 
+// The reference script's running digest over block ids, modulo the Mersenne prime 2^61 - 1.
+class BlockIdDigest {
+ public:
+  void Request(int64_t id, const vllm::GroupBlocks* ids) {
+    Mix(id + 2);
+    if (ids != nullptr) {
+      for (const auto& group : ids->groups) {
+        for (const int32_t b : group)
+          Mix(int64_t{b} + 2);
+        Mix(1);
+      }
+    }
+    Mix(1);
+  }
+  uint64_t value() const { return d_; }
+
+ private:
+  static constexpr uint64_t kM61 = (uint64_t{1} << 61) - 1;
+  // d = (d * 1000003 + v) mod 2^61 - 1 without 128-bit arithmetic: 2^61 = 1 (mod p), so the
+  // high part of d * 1000003 folds back in.
+  void Mix(int64_t v) {
+    constexpr uint64_t kMul = 1000003;                                   // < 2^20
+    const uint64_t hi = (d_ >> 32) * kMul;                               // < 2^49
+    const uint64_t lo = (d_ & 0xFFFFFFFFu) * kMul;                       // < 2^52
+    uint64_t s = (hi >> 29) + ((hi & ((uint64_t{1} << 29) - 1)) << 32);  // hi * 2^32 mod p
+    s += lo + static_cast<uint64_t>(v);                                  // < 2^63
+    s = (s & kM61) + (s >> 61);
+    d_ = s >= kM61 ? s - kM61 : s;
+  }
+  uint64_t d_ = 0;
+};
+
 }  // namespace
 
 Result<ReplayReport> ReplayVllm(const Trace& trace, const vllm::KvCacheConfig& config,
@@ -91,6 +123,7 @@ Result<ReplayReport> ReplayVllm(const Trace& trace, const vllm::KvCacheConfig& c
   std::vector<Scheduled> scheduled;
   std::vector<Live*> stopped;
   vllm::GroupBlocks new_blocks;
+  BlockIdDigest digest;
   sim_internal::Stopwatch watch;
   size_t next = 0;
   int64_t s = 0;
@@ -141,6 +174,8 @@ Result<ReplayReport> ReplayVllm(const Trace& trace, const vllm::KvCacheConfig& c
         }
       }
       if (self_preempted) break;
+      // vLLM hands a running request's new blocks on, or None when no group got any.
+      digest.Request(r->trace->id, new_blocks.empty() ? nullptr : &new_blocks);
       scheduled.push_back({r, n});
       budget -= n;
       ++i;
@@ -167,6 +202,7 @@ Result<ReplayReport> ReplayVllm(const Trace& trace, const vllm::KvCacheConfig& c
       waiting.pop_front();
       running.push_back(r);
       watch.Run([&] { new_blocks = manager.GetBlockIds(r->req.id()); });
+      digest.Request(r->trace->id, &new_blocks);
       report.admission_tokens += r->req.num_tokens();
       report.admission_hits += hit.num_tokens;
       step.hit_tokens += hit.num_tokens;
@@ -238,6 +274,7 @@ Result<ReplayReport> ReplayVllm(const Trace& trace, const vllm::KvCacheConfig& c
     if (o.on_progress && report.steps % 256 == 0) o.on_progress(finished);
   }
   if (o.on_progress) o.on_progress(finished);
+  report.block_id_digest = digest.value();
   return report;
 }
 

@@ -16,6 +16,9 @@ int64_t CeilDiv(int64_t a, int64_t b) {
 constexpr int32_t kKernelBlockAlignment = 16;
 // ModelConfig.get_mamba_chunk_size's fallback for recurrences without a chunk (Mamba-1).
 constexpr int32_t kDefaultMambaChunk = 2048;
+// Most blocks one pool may have: its metadata and prefix map (about 100 bytes a block) stay
+// under 2 GiB. 80 GiB of 16-token Llama-8B pages is 1.3 M blocks.
+constexpr int64_t kMaxBlocks = int64_t{1} << 24;
 
 struct LayerEntry {
   int32_t layer;  // index into ModelSpec::layers
@@ -152,12 +155,21 @@ int64_t KvCacheSpec::page_size_bytes() const {
 }
 
 Result<KvCacheConfig> MakeKvCacheConfig(const ModelSpec& model, const KvCacheOptions& o) {
-  if (o.block_size < 1 || o.block_size > (1 << 20) || o.max_model_len < 2 ||
-      o.max_model_len > (int64_t{1} << 31) || o.max_num_batched_tokens < 1 || o.memory_bytes < 1) {
-    return Status::InvalidArgument(fmt::format(
-        "vllm: block size {} must be in 1..{}, max model len {} in 2..2^31, batched tokens {} "
-        "and memory {} bytes >= 1",
-        o.block_size, 1 << 20, o.max_model_len, o.max_num_batched_tokens, o.memory_bytes));
+  if (o.block_size < 1 || o.block_size > (1 << 20)) {
+    return Status::InvalidArgument(
+        fmt::format("vllm: block size {}: expected 1 to {}", o.block_size, 1 << 20));
+  }
+  if (o.max_model_len < 2 || o.max_model_len > (int64_t{1} << 31)) {
+    return Status::InvalidArgument(
+        fmt::format("vllm: max model len {}: expected 2 to 2^31", o.max_model_len));
+  }
+  if (o.max_num_batched_tokens < 1) {
+    return Status::InvalidArgument(
+        fmt::format("vllm: max batched tokens {}: expected at least 1", o.max_num_batched_tokens));
+  }
+  if (o.memory_bytes < 1) {
+    return Status::InvalidArgument(
+        fmt::format("vllm: memory {} bytes: expected at least 1", o.memory_bytes));
   }
   const LayerSpec* attention = nullptr;
   bool has_mamba = false;
@@ -336,10 +348,16 @@ Result<KvCacheConfig> MakeKvCacheConfig(const ModelSpec& model, const KvCacheOpt
         "bytes given (vLLM refuses to start)",
         o.max_model_len, needed, o.memory_bytes));
   }
-  if (num_blocks < 2 || num_blocks > (int64_t{1} << 30)) {
-    return Status::ResourceExhausted(fmt::format(
-        "vllm: {} bytes make {} blocks; at least 2 (one is the null block) and at most 2^30",
-        o.memory_bytes, num_blocks));
+  if (num_blocks < 2) {
+    return Status::ResourceExhausted(
+        fmt::format("vllm: {} bytes make {} blocks; at least 2 are needed (one is the null block)",
+                    o.memory_bytes, num_blocks));
+  }
+  if (num_blocks > kMaxBlocks) {
+    return Status::InvalidArgument(fmt::format(
+        "vllm: {} bytes make {} blocks, more than the {} one pool may have (their metadata "
+        "would not fit in memory)",
+        o.memory_bytes, num_blocks, kMaxBlocks));
   }
   config.num_blocks = static_cast<int32_t>(num_blocks);
 

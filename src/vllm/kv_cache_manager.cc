@@ -1,6 +1,7 @@
 // The coordinator (vLLM's Unitary/HybridKVCacheCoordinator) and KVCacheManager on top of it.
 #include <algorithm>
 #include <numeric>
+#include <string>
 
 #include <fmt/format.h>
 
@@ -155,13 +156,19 @@ KvCacheManager& KvCacheManager::operator=(KvCacheManager&&) noexcept = default;
 KvCacheManager::~KvCacheManager() = default;
 
 Result<KvCacheManager> KvCacheManager::Create(const KvCacheConfig& config) {
-  if (config.groups.empty() || config.num_blocks < 2 || config.hash_block_size < 1 ||
-      config.max_model_len < 2 || config.max_num_batched_tokens < 1) {
-    return Status::InvalidArgument(fmt::format(
-        "vllm manager: a config with {} groups, {} blocks, hash block size {}, max model len {} "
-        "(make it with MakeKvCacheConfig)",
-        config.groups.size(), config.num_blocks, config.hash_block_size, config.max_model_len));
-  }
+  const auto bad = [](const std::string& what) {
+    return Status::InvalidArgument(
+        fmt::format("vllm manager: {} (make the config with MakeKvCacheConfig)", what));
+  };
+  if (config.groups.empty()) return bad("the config has no KV cache group");
+  if (config.num_blocks < 2)
+    return bad(fmt::format("{} blocks; at least 2 (one is the null block)", config.num_blocks));
+  if (config.hash_block_size < 1)
+    return bad(fmt::format("hash block size {}; at least 1", config.hash_block_size));
+  if (config.max_model_len < 2)
+    return bad(fmt::format("max model len {}; at least 2", config.max_model_len));
+  if (config.max_num_batched_tokens < 1)
+    return bad(fmt::format("{} batched tokens; at least 1", config.max_num_batched_tokens));
   for (const KvCacheGroup& g : config.groups) {
     if (g.spec.block_size < 1 || g.spec.block_size % config.hash_block_size != 0) {
       return Status::InvalidArgument(fmt::format(
@@ -183,20 +190,27 @@ ComputedBlocks KvCacheManager::GetComputedBlocks(const Request& request) const {
 Status KvCacheManager::AllocateSlots(const Request& request, const AllocateArgs& a,
                                      GroupBlocks* new_blocks) {
   Impl& m = *impl_;
-  if (a.num_new_tokens <= 0 || a.num_new_computed_tokens < 0 || a.num_lookahead_tokens < 0) {
+  if (a.num_new_tokens <= 0) {
+    return Status::InvalidArgument(
+        fmt::format("vllm manager: request {}: {} new tokens; expected at least 1", request.id(),
+                    a.num_new_tokens));
+  }
+  if (a.num_new_computed_tokens < 0 || a.num_lookahead_tokens < 0) {
     return Status::InvalidArgument(fmt::format(
-        "vllm manager: request {}: {} new tokens (must be >= 1), {} new computed and {} "
-        "lookahead tokens (must be >= 0)",
-        request.id(), a.num_new_tokens, a.num_new_computed_tokens, a.num_lookahead_tokens));
+        "vllm manager: request {}: {} new computed tokens and {} lookahead tokens; neither may "
+        "be negative",
+        request.id(), a.num_new_computed_tokens, a.num_lookahead_tokens));
   }
   const int64_t local_computed = request.num_computed_tokens + a.num_new_computed_tokens;
-  if (local_computed + a.num_new_tokens > request.num_tokens() + a.num_lookahead_tokens ||
-      request.hash_block_size() != m.config.hash_block_size) {
-    return Status::InvalidArgument(fmt::format(
-        "vllm manager: request {}: {} computed + {} new tokens exceed its {} tokens, or its hash "
-        "block size {} is not the manager's {}",
-        request.id(), local_computed, a.num_new_tokens, request.num_tokens(),
-        request.hash_block_size(), m.config.hash_block_size));
+  if (local_computed + a.num_new_tokens > request.num_tokens() + a.num_lookahead_tokens) {
+    return Status::InvalidArgument(
+        fmt::format("vllm manager: request {}: {} computed + {} new tokens exceed its {} tokens",
+                    request.id(), local_computed, a.num_new_tokens, request.num_tokens()));
+  }
+  if (request.hash_block_size() != m.config.hash_block_size) {
+    return Status::InvalidArgument(
+        fmt::format("vllm manager: request {}: its hash block size {} is not the manager's {}",
+                    request.id(), request.hash_block_size(), m.config.hash_block_size));
   }
   const GroupBlocks* nc = a.new_computed != nullptr && !a.new_computed->blocks.empty()
                               ? &a.new_computed->blocks

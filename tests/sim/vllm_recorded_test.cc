@@ -3,7 +3,8 @@
 // unmodified manager) for every reference config at several memory sizes
 // (scripts/vllm_conformance.py --record; tests/data/vllm/README.md). ReplayVllm must reproduce
 // every request's arrival, first scheduled step, first-admission hit tokens, preemptions and
-// finish step, and the run's steps, preemptions, scheduled tokens, peak blocks and peak running;
+// finish step, and the run's steps, preemptions, scheduled tokens, peak blocks, peak running and
+// block ids (the reference's digest of every block id handed to the model runner);
 // where vLLM refused the memory size, hkv must refuse it too.
 #include <algorithm>
 #include <filesystem>
@@ -114,6 +115,8 @@ TEST_P(VllmRecorded, EveryRequestAsVllm) {
     EXPECT_EQ(r->scheduled_tokens, expected["scheduled_tokens"].get<int64_t>());
     EXPECT_EQ(r->peak_blocks_used, expected["peak_blocks_used"].get<int64_t>());
     EXPECT_EQ(r->peak_running, expected["peak_running"].get<int64_t>());
+    // Every block id handed to the model runner, through the reference's digest.
+    EXPECT_EQ(r->block_id_digest, expected["block_id_digest"].get<uint64_t>());
     const std::vector<RequestRecord> want = ReadRequests(dir / (key + ".csv"));
     ASSERT_EQ(r->requests.size(), want.size());
     int differing = 0;

@@ -115,6 +115,17 @@ TEST(VllmConfig, RefusesWhatVllmDoesNotPrefixCache) {
   EXPECT_NE(mllama.status().message().find("cross attention"), std::string::npos);
 }
 
+TEST(VllmConfig, AMemoryWhoseBlocksWouldNotFitInThisMachineIsRefused) {
+  KvCacheOptions o = Gib(100.0 * 1024);  // 100 TiB: 52 M blocks of Llama pages
+  const Result<KvCacheConfig> c = MakeKvCacheConfig(Load("meta-llama--Llama-3.1-8B"), o);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(c.status().message().find("more than the 16777216 one pool may have"),
+            std::string::npos)
+      << c.status().message();
+  EXPECT_TRUE(MakeKvCacheConfig(Load("meta-llama--Llama-3.1-8B"), Gib(1024)).ok());  // 1 TiB
+}
+
 TEST(VllmConfig, BadOptionsNameTheOption) {
   KvCacheOptions o = Gib(8);
   o.block_size = 0;

@@ -109,6 +109,7 @@ nlohmann::json RunJson(const Run& run, bool with_timings) {
   j["peak_blocks_used"] = r.peak_blocks_used;
   j["peak_running"] = r.peak_running;
   j["scheduled_tokens"] = r.scheduled_tokens;
+  if (!run.mode) j["block_id_digest"] = r.block_id_digest;
   j["state_splits"] = {{"per_step", r.state_splits_per_step()},
                        {"max_step", r.max_step_state_splits},
                        {"max_request", r.max_request_state_splits}};

@@ -93,6 +93,10 @@ struct ReplayReport {
   std::vector<double> manager_us;       // per step
   std::vector<ReplayStep> log;          // when record_steps
   std::vector<RequestRecord> requests;  // when record_requests, in trace order
+  // vLLM replay: the reference script's digest of the block ids handed to the model runner
+  // (per scheduled request in order: its id, then per group the ids - all of an admitted
+  // request's, the new ones of a running request's), so equal digests mean equal block ids.
+  uint64_t block_id_digest = 0;
 
   double hit_rate() const;
   double hit_rate_incl_readmissions() const;
