@@ -91,7 +91,10 @@ class KvCacheManager {
   // get_computed_blocks: the longest cached prefix (at most num_tokens - 1 tokens).
   ComputedBlocks GetComputedBlocks(const Request& request) const;
   // allocate_slots: kResourceExhausted (vLLM returns None) when the free blocks do not suffice;
-  // `new_blocks` (optional) receives the blocks allocated for this call per group.
+  // `new_blocks` (optional) receives the blocks allocated for this call per group. As in vLLM,
+  // blocks that left a sliding window or chunk (and a Mamba `align` state superseded by the
+  // computed position) are released before the count, so even a refused call may have released
+  // them; a refused call allocates nothing.
   Status AllocateSlots(const Request& request, const AllocateArgs& args,
                        GroupBlocks* new_blocks = nullptr);
   // free: a request's blocks return to the free queue, tail first. Unknown ids are a no-op, as
