@@ -128,6 +128,38 @@ TEST(VllmManager, SlidingWindowBlocksLeaveAsTheWindowMoves) {
   EXPECT_TRUE(m.CheckInvariants().ok());
 }
 
+// Groups of different block sizes (a window layer with half the page of a full one gets half
+// the block): hits and caching align to the lcm (8). A window block a hit can never consult
+// (only the tail of each 8-token segment, cdiv(window - 1, 4) = 1 block, is) stays out of the
+// prefix map.
+TEST(VllmManager, MixedBlockSizesCacheOnlyWhatAHitConsults) {
+  KvCacheConfig c = FullConfig(40);
+  c.groups = {{Attention(SpecType::kFullAttention, 8), {0}},
+              {Attention(SpecType::kSlidingWindow, 4), {1}}};
+  c.groups[1].spec.sliding_window = 5;
+  c.hash_block_size = 4;
+  c.scheduler_block_size = 8;
+  KvCacheManager m = KvCacheManager::Create(c).value();
+  Request a(1, Iota(20), 4);
+  ASSERT_TRUE(Allocate(m, a, 20, true).ok());
+  // Cached to 16 (20 rounded down to the lcm): full blocks 0, 1; window blocks 1 and 3 of 0..3.
+  EXPECT_EQ(m.Stats().num_cached, 4);
+  const GroupBlocks ids = m.GetBlockIds(1);
+  ASSERT_EQ(ids.groups[1].size(), 5u);
+  // A prompt sharing 18 tokens hits 16: the window's last block before 16 is cached, the full
+  // group holds both blocks, and 16 is a multiple of 8.
+  std::vector<int32_t> prompt = Iota(18);
+  prompt.push_back(500);
+  prompt.push_back(501);
+  Request b(2, prompt, 4);
+  const ComputedBlocks hit = m.GetComputedBlocks(b);
+  EXPECT_EQ(hit.num_tokens, 16);
+  ASSERT_EQ(hit.blocks.groups[1].size(), 4u);
+  EXPECT_EQ(hit.blocks.groups[1][0], 0);  // skipped: outside the window
+  EXPECT_EQ(hit.blocks.groups[1][3], ids.groups[1][3]);
+  EXPECT_TRUE(m.CheckInvariants().ok());
+}
+
 TEST(VllmManager, MambaAlignKeepsTheLastStateAndReleasesTheOneBefore) {
   KvCacheConfig c = FullConfig(20);
   KvCacheSpec mamba;
