@@ -66,9 +66,32 @@ Result<KvCacheSpec> AttentionSpecOf(const LayerSpec& l, int32_t block_size) {
   return s;
 }
 
-bool IsUniformTypeFullAttention(const std::vector<LayerEntry>& layers) {
+// is_kv_cache_spec_uniform: every layer merges with the first. FullAttentionSpec.merge compares
+// the AttentionSpec fields (not head_size_v); MLAAttentionSpec.merge takes the first layer's
+// geometry; the other specs must be equal.
+bool Mergeable(const KvCacheSpec& a, const KvCacheSpec& b) {
+  if (a.type == SpecType::kFullAttention && b.type == SpecType::kFullAttention) {
+    return a.block_size == b.block_size && a.num_kv_heads == b.num_kv_heads &&
+           a.head_size == b.head_size && a.dtype_bytes == b.dtype_bytes &&
+           a.page_size_padded == b.page_size_padded;
+  }
+  if (a.type == SpecType::kMla && b.type == SpecType::kMla) return true;
+  return a == b;
+}
+
+// UniformTypeKVCacheSpecs.is_uniform_type: one block size, and every layer full attention
+// (MLA included), or sliding window with one window, or chunked with one chunk, or Mamba.
+bool IsUniformType(const std::vector<LayerEntry>& layers) {
+  const KvCacheSpec& first = layers[0].spec;
   return std::all_of(layers.begin(), layers.end(), [&](const LayerEntry& e) {
-    return e.spec.is_full_attention() && e.spec.block_size == layers[0].spec.block_size;
+    const KvCacheSpec& s = e.spec;
+    if (s.block_size != first.block_size) return false;
+    if (first.is_full_attention()) return s.is_full_attention();
+    if (s.type != first.type) return false;
+    if (s.type == SpecType::kSlidingWindow) return s.sliding_window == first.sliding_window;
+    if (s.type == SpecType::kChunkedLocal)
+      return s.attention_chunk_size == first.attention_chunk_size;
+    return true;
   });
 }
 
@@ -146,6 +169,9 @@ int64_t KvCacheSpec::page_size_bytes() const {
       break;
     case SpecType::kMla:
       real = int64_t{block_size} * num_kv_heads * head_size * dtype_bytes;
+      break;
+    case SpecType::kChunkedLocal:  // a plain AttentionSpec: K and V of head_size each
+      real = 2 * int64_t{block_size} * num_kv_heads * head_size * dtype_bytes;
       break;
     default:
       real = int64_t{block_size} * num_kv_heads * (head_size + head_size_v) * dtype_bytes;
@@ -257,14 +283,15 @@ Result<KvCacheConfig> MakeKvCacheConfig(const ModelSpec& model, const KvCacheOpt
     layers.push_back(std::move(e));
   }
 
-  const bool uniform = std::all_of(layers.begin(), layers.end(),
-                                   [&](const LayerEntry& e) { return e.spec == layers[0].spec; });
+  const bool uniform = std::all_of(layers.begin(), layers.end(), [&](const LayerEntry& e) {
+    return Mergeable(layers[0].spec, e.spec);
+  });
   if (uniform) {
     KvCacheGroup g{layers[0].spec, {}};
     for (const LayerEntry& e : layers)
       g.layers.push_back(e.layer);
     config.groups.push_back(std::move(g));
-  } else if (IsUniformTypeFullAttention(layers)) {
+  } else if (IsUniformType(layers)) {
     // UniformTypeKVCacheSpecs: one group whose block spans every layer's page.
     KvCacheGroup g{layers[0].spec, {}};
     for (const LayerEntry& e : layers)
@@ -366,6 +393,16 @@ Result<KvCacheConfig> MakeKvCacheConfig(const ModelSpec& model, const KvCacheOpt
   for (const KvCacheGroup& g : config.groups) {
     lcm = std::lcm(lcm, g.spec.block_size);
     gcd = std::gcd(gcd, g.spec.block_size);
+  }
+  for (const KvCacheGroup& g : config.groups) {
+    if (g.spec.type == SpecType::kChunkedLocal && g.spec.block_size != lcm) {
+      // vLLM's ChunkedLocalAttentionManager asserts this on the first lookup.
+      return Status::Unsupported(fmt::format(
+          "vllm: chunked local attention with {}-token blocks beside groups that align hits to "
+          "{} tokens; vLLM does not support groups of different block sizes with chunked local "
+          "attention",
+          g.spec.block_size, lcm));
+    }
   }
   config.scheduler_block_size = config.groups.size() <= 1 ? block_size : lcm;
   config.hash_block_size = config.scheduler_block_size;

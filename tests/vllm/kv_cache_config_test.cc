@@ -107,6 +107,53 @@ TEST(VllmConfig, GemmaTwoAtFourGibIsRefusedAsVllmRefusesIt) {
   EXPECT_TRUE(MakeKvCacheConfig(Load("google--gemma-2-9b"), Gib(5)).ok());
 }
 
+LayerSpec Layer(int32_t i, LayerKind kind, int32_t kv_heads, int32_t head_dim) {
+  LayerSpec l;
+  l.layer = i;
+  l.kind = kind;
+  l.num_q_heads = 2 * kv_heads;
+  l.num_kv_heads = kv_heads;
+  l.head_dim_k = l.head_dim_v = head_dim;
+  l.window = kind == LayerKind::kSlidingWindow ? 4096 : 0;
+  l.chunk = kind == LayerKind::kChunkedLocal ? 8192 : 0;
+  return l;
+}
+
+TEST(VllmConfig, OneTypeWithDifferentPagesIsOneGroupOverEveryPage) {
+  // Every layer a 4096-token window, half with 8 KV heads and half with 4: vLLM's
+  // UniformTypeKVCacheSpecs - one group, a block spans every layer's page.
+  ModelSpec m;
+  m.num_layers = 4;
+  for (int32_t i = 0; i < 4; ++i)
+    m.layers.push_back(Layer(i, LayerKind::kSlidingWindow, i % 2 == 0 ? 8 : 4, 128));
+  const KvCacheConfig c = MakeKvCacheConfig(m, Gib(1)).value();
+  ASSERT_EQ(c.groups.size(), 1u);
+  EXPECT_EQ(c.groups[0].layers.size(), 4u);
+  // Pages of 16 tokens: 2 x 65,536 + 2 x 32,768 bytes per block.
+  EXPECT_EQ(c.num_blocks, kGiB / (2 * 65536 + 2 * 32768));
+}
+
+TEST(VllmConfig, ChunkedLocalPagesAndMixedBlockSizes) {
+  // A chunked layer's page is K and V of head_size each (vLLM's plain AttentionSpec).
+  ModelSpec m;
+  m.num_layers = 2;
+  m.layers = {Layer(0, LayerKind::kChunkedLocal, 8, 128),
+              Layer(1, LayerKind::kFullAttention, 8, 128)};
+  m.layers[0].head_dim_v = 64;  // ignored by vLLM for chunked layers
+  const KvCacheConfig c = MakeKvCacheConfig(m, Gib(1)).value();
+  ASSERT_EQ(c.groups.size(), 2u);
+  EXPECT_EQ(c.groups[0].spec.page_size_bytes(), 2 * 16 * 8 * 128 * 2);
+  // Beside a full layer with half its page, the full block doubles to 32 tokens and hits align
+  // to 32 while chunked blocks stay at 16: vLLM asserts on that, so it is refused.
+  m.layers[1] = Layer(1, LayerKind::kFullAttention, 4, 128);  // half the chunked page
+  const Result<KvCacheConfig> mixed = MakeKvCacheConfig(m, Gib(1));
+  ASSERT_FALSE(mixed.ok());
+  EXPECT_EQ(mixed.status().code(), StatusCode::kUnsupported);
+  EXPECT_NE(mixed.status().message().find("chunked local attention with 16-token blocks"),
+            std::string::npos)
+      << mixed.status().message();
+}
+
 TEST(VllmConfig, RefusesWhatVllmDoesNotPrefixCache) {
   const Result<KvCacheConfig> mllama =
       MakeKvCacheConfig(Load("meta-llama--Llama-3.2-11B-Vision"), Gib(16));
