@@ -23,9 +23,7 @@ struct Live {
   std::vector<int32_t> tokens;  // prompt and the outputs appended so far
   int64_t computed = 0;
   int32_t outputs = 0;
-  bool added = false;              // registered with the manager (and not freed since)
-  bool admitted = false;           // admitted at least once
-  std::vector<int32_t> generated;  // outputs when the trace gives none
+  bool added = false;  // registered with the manager (and not freed since)
 };
 
 }  // namespace
@@ -72,33 +70,19 @@ Result<ReplayReport> Replay(const Trace& trace, const ManagerConfig& config,
   ManagerConfig mc = config;
   mc.record_events = false;
   HKV_ASSIGN_OR_RETURN(KvCacheManager manager, KvCacheManager::Create(mc));
-  ReplayReport report;
-  if (o.record_requests) {
-    report.requests.resize(trace.size());
-    for (size_t i = 0; i < trace.size(); ++i) {
-      report.requests[i].id = trace[i].id;
-      report.requests[i].arrival_step = trace[i].arrival_step;
-    }
-  }
-  const auto record = [&](const Live& r) -> RequestRecord* {
-    return o.record_requests ? &report.requests[static_cast<size_t>(r.id)] : nullptr;
-  };
+  sim_internal::ReplayBook book(trace, o);
+  ReplayReport& report = book.report();
   for (size_t p = 0; p < mc.pool_blocks.size(); ++p)
     report.num_blocks += mc.pool_blocks[p] - 1;
 
   std::vector<Live> reqs(trace.size());
-  std::vector<std::vector<int32_t>> generated = sim_internal::GeneratedOutputs(trace, o);
   for (size_t i = 0; i < trace.size(); ++i) {
     Live& r = reqs[i];
     r.trace = &trace[i];
     r.id = static_cast<RequestId>(i);
     r.tokens = trace[i].prompt;
-    r.generated = std::move(generated[i]);
   }
-  const auto output_token = [](const Live& r) {
-    const auto k = static_cast<size_t>(r.outputs);
-    return r.trace->output.empty() ? r.generated[k] : r.trace->output[k];
-  };
+  const auto at = [](const Live& r) { return static_cast<size_t>(r.id); };
   const auto num_tokens = [](const Live& r) { return static_cast<int64_t>(r.tokens.size()); };
 
   std::deque<Live*> waiting;
@@ -112,7 +96,6 @@ Result<ReplayReport> Replay(const Trace& trace, const ManagerConfig& config,
   sim_internal::Stopwatch watch;
   size_t next = 0;
   int64_t s = 0;
-  int64_t finished = 0;
   while (next < reqs.size() || !waiting.empty() || !running.empty()) {
     // 0. Arrivals; skip idle gaps.
     while (next < reqs.size() && reqs[next].trace->arrival_step <= s)
@@ -146,9 +129,7 @@ Result<ReplayReport> Replay(const Trace& trace, const ManagerConfig& config,
         HKV_RETURN_IF_ERROR(watch([&] { return manager.Free(victim->id); }));
         victim->added = false;
         victim->computed = 0;
-        ++report.preemptions;
-        ++step.preemptions;
-        if (RequestRecord* rec = record(*victim)) ++rec->preemptions;
+        book.Preempted(at(*victim), step);
         preempted = true;
         waiting.push_front(victim);
         if (victim == r) {
@@ -181,18 +162,7 @@ Result<ReplayReport> Replay(const Trace& trace, const ManagerConfig& config,
       r->computed = hit.tokens;
       budget -= n;
       scheduled.push_back({r, n});
-      if (!r->admitted) {
-        report.first_admission_tokens += num_tokens(*r);
-        report.first_admission_hits += hit.tokens;
-        r->admitted = true;
-        if (RequestRecord* rec = record(*r)) {
-          rec->first_scheduled_step = s;
-          rec->first_hit_tokens = hit.tokens;
-        }
-      }
-      report.admission_tokens += num_tokens(*r);
-      report.admission_hits += hit.tokens;
-      step.hit_tokens += hit.tokens;
+      book.Admitted(at(*r), num_tokens(*r), hit.tokens, step);
     }
     if (!preempted && running.empty() && !waiting.empty()) {
       // The head was tried with nothing running, so every cached block was free to evict, and it
@@ -238,23 +208,18 @@ Result<ReplayReport> Replay(const Trace& trace, const ManagerConfig& config,
       step.blocks_used += u.num_blocks - u.num_free;
       step.cached_blocks += u.num_cached;
     }
-    report.peak_blocks_used = std::max(report.peak_blocks_used, step.blocks_used);
-    report.state_splits += step.state_splits;
-    report.max_step_state_splits = std::max(report.max_step_state_splits, step.state_splits);
-    report.peak_running = std::max(report.peak_running, step.running);
     // 3. Commit, in scheduling order.
     for (const Scheduled& sc : scheduled) {
       HKV_RETURN_IF_ERROR(watch([&] { return manager.Commit(sc.r->id, sc.r->computed + sc.n); }));
       sc.r->computed += sc.n;
       step.scheduled_tokens += sc.n;
     }
-    report.scheduled_tokens += step.scheduled_tokens;
     // 4. Outputs, finishing requests in the same order.
     for (const Scheduled& sc : scheduled) {
       Live* r = sc.r;
       if (r->computed < num_tokens(*r)) continue;
       if (r->outputs < r->trace->output_len) {
-        const int32_t t = output_token(*r);
+        const int32_t t = book.Output(at(*r), r->outputs);
         HKV_RETURN_IF_ERROR(watch([&] { return manager.AppendTokens(r->id, {&t, 1}); }));
         r->tokens.push_back(t);
         ++r->outputs;
@@ -264,19 +229,14 @@ Result<ReplayReport> Replay(const Trace& trace, const ManagerConfig& config,
         running.erase(std::find(running.begin(), running.end(), r));
         HKV_RETURN_IF_ERROR(watch([&] { return manager.Free(r->id); }));
         r->added = false;
-        ++finished;
-        if (RequestRecord* rec = record(*r)) rec->finish_step = s;
+        book.Finished(at(*r), step);
       }
     }
-    report.manager_us.push_back(watch.Take());
     if (o.check_invariants) HKV_RETURN_IF_ERROR(manager.CheckInvariants());
-    if (o.record_steps) report.log.push_back(step);
-    ++report.steps;
+    book.EndStep(step, watch.Take());
     ++s;
-    if (o.on_progress && report.steps % 256 == 0) o.on_progress(finished);
   }
-  if (o.on_progress) o.on_progress(finished);
-  return report;
+  return book.Finish();
 }
 
 double IdealHitRate(const Trace& trace, int32_t block_tokens) {
@@ -340,15 +300,68 @@ Status CheckReplayInputs(const Trace& trace, const ReplayOptions& o) {
   return Status::Ok();
 }
 
-std::vector<std::vector<int32_t>> GeneratedOutputs(const Trace& trace, const ReplayOptions& o) {
-  std::vector<std::vector<int32_t>> out(trace.size());
+ReplayBook::ReplayBook(const Trace& trace, const ReplayOptions& o)
+    : trace_(trace), o_(o), generated_(trace.size()), admitted_(trace.size(), 0) {
   SplitMix64 rng(o.output_seed);
   for (size_t i = 0; i < trace.size(); ++i) {
     if (!trace[i].output.empty()) continue;
     for (int32_t k = 0; k < trace[i].output_len; ++k)
-      out[i].push_back(rng.Below(o.vocab));
+      generated_[i].push_back(rng.Below(o.vocab));
   }
-  return out;
+  if (o.record_requests) {
+    report_.requests.resize(trace.size());
+    for (size_t i = 0; i < trace.size(); ++i) {
+      report_.requests[i].id = trace[i].id;
+      report_.requests[i].arrival_step = trace[i].arrival_step;
+    }
+  }
+}
+
+int32_t ReplayBook::Output(size_t i, int32_t k) const {
+  const auto at = static_cast<size_t>(k);
+  return trace_[i].output.empty() ? generated_[i][at] : trace_[i].output[at];
+}
+
+void ReplayBook::Admitted(size_t i, int64_t tokens, int64_t hit, ReplayStep& step) {
+  report_.admission_tokens += tokens;
+  report_.admission_hits += hit;
+  step.hit_tokens += hit;
+  if (admitted_[i]) return;
+  admitted_[i] = 1;
+  report_.first_admission_tokens += tokens;
+  report_.first_admission_hits += hit;
+  if (o_.record_requests) {
+    report_.requests[i].first_scheduled_step = step.step;
+    report_.requests[i].first_hit_tokens = hit;
+  }
+}
+
+void ReplayBook::Preempted(size_t i, ReplayStep& step) {
+  ++report_.preemptions;
+  ++step.preemptions;
+  if (o_.record_requests) ++report_.requests[i].preemptions;
+}
+
+void ReplayBook::Finished(size_t i, const ReplayStep& step) {
+  ++finished_;
+  if (o_.record_requests) report_.requests[i].finish_step = step.step;
+}
+
+void ReplayBook::EndStep(const ReplayStep& step, double manager_us) {
+  report_.peak_blocks_used = std::max(report_.peak_blocks_used, step.blocks_used);
+  report_.peak_running = std::max(report_.peak_running, step.running);
+  report_.scheduled_tokens += step.scheduled_tokens;
+  report_.state_splits += step.state_splits;
+  report_.max_step_state_splits = std::max(report_.max_step_state_splits, step.state_splits);
+  report_.manager_us.push_back(manager_us);
+  if (o_.record_steps) report_.log.push_back(step);
+  ++report_.steps;
+  if (o_.on_progress && report_.steps % 256 == 0) o_.on_progress(finished_);
+}
+
+ReplayReport ReplayBook::Finish() {
+  if (o_.on_progress) o_.on_progress(finished_);
+  return std::move(report_);
 }
 
 }  // namespace sim_internal

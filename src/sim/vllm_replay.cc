@@ -15,10 +15,8 @@ namespace {
 
 struct Live {
   const TraceRequest* trace = nullptr;
-  vllm::Request req;
-  std::vector<int32_t> generated;
+  vllm::Request req;  // its id is the request's position in the trace
   int32_t outputs = 0;
-  bool admitted = false;
 };
 
 // Scheduler._mamba_block_aligned_split: in `align` mode a prefill chunk ends at a block boundary
@@ -88,31 +86,16 @@ Result<ReplayReport> ReplayVllm(const Trace& trace, const vllm::KvCacheConfig& c
   const int32_t cache_block = config.cache_block_size;
   const int64_t usable = config.usable_blocks();
 
-  ReplayReport report;
+  sim_internal::ReplayBook book(trace, o);
+  ReplayReport& report = book.report();
   report.num_blocks = usable;
-  std::vector<std::vector<int32_t>> generated = sim_internal::GeneratedOutputs(trace, o);
   std::vector<Live> reqs;
   reqs.reserve(trace.size());
   for (size_t i = 0; i < trace.size(); ++i) {
-    reqs.push_back(Live{
-        &trace[i],
-        vllm::Request(static_cast<vllm::RequestId>(i), trace[i].prompt, config.hash_block_size),
-        std::move(generated[i])});
+    reqs.push_back(Live{&trace[i], vllm::Request(static_cast<vllm::RequestId>(i), trace[i].prompt,
+                                                 config.hash_block_size)});
   }
-  if (o.record_requests) {
-    report.requests.resize(trace.size());
-    for (size_t i = 0; i < trace.size(); ++i) {
-      report.requests[i].id = trace[i].id;
-      report.requests[i].arrival_step = trace[i].arrival_step;
-    }
-  }
-  const auto record = [&](const Live& r) -> RequestRecord* {
-    return o.record_requests ? &report.requests[static_cast<size_t>(r.req.id())] : nullptr;
-  };
-  const auto output_token = [](const Live& r) {
-    const auto k = static_cast<size_t>(r.outputs);
-    return r.trace->output.empty() ? r.generated[k] : r.trace->output[k];
-  };
+  const auto at = [](const Live& r) { return static_cast<size_t>(r.req.id()); };
 
   struct Scheduled {
     Live* r;
@@ -127,7 +110,6 @@ Result<ReplayReport> ReplayVllm(const Trace& trace, const vllm::KvCacheConfig& c
   sim_internal::Stopwatch watch;
   size_t next = 0;
   int64_t s = 0;
-  int64_t finished = 0;
   while (next < reqs.size() || !waiting.empty() || !running.empty()) {
     while (next < reqs.size() && reqs[next].trace->arrival_step <= s)
       waiting.push_back(&reqs[next++]);
@@ -164,10 +146,8 @@ Result<ReplayReport> ReplayVllm(const Trace& trace, const vllm::KvCacheConfig& c
         watch.Run([&] { manager.Free(victim->req.id()); });
         victim->req.num_computed_tokens = 0;
         waiting.push_front(victim);
-        ++report.preemptions;
-        ++step.preemptions;
+        book.Preempted(at(*victim), step);
         preempted = true;
-        if (RequestRecord* rec = record(*victim)) ++rec->preemptions;
         if (victim == r) {
           self_preempted = true;
           break;
@@ -203,18 +183,7 @@ Result<ReplayReport> ReplayVllm(const Trace& trace, const vllm::KvCacheConfig& c
       running.push_back(r);
       watch.Run([&] { new_blocks = manager.GetBlockIds(r->req.id()); });
       digest.Request(r->trace->id, &new_blocks);
-      report.admission_tokens += r->req.num_tokens();
-      report.admission_hits += hit.num_tokens;
-      step.hit_tokens += hit.num_tokens;
-      if (!r->admitted) {
-        r->admitted = true;
-        report.first_admission_tokens += r->req.num_tokens();
-        report.first_admission_hits += hit.num_tokens;
-        if (RequestRecord* rec = record(*r)) {
-          rec->first_scheduled_step = s;
-          rec->first_hit_tokens = hit.num_tokens;
-        }
-      }
+      book.Admitted(at(*r), r->req.num_tokens(), hit.num_tokens, step);
       r->req.num_computed_tokens = hit.num_tokens;
       scheduled.push_back({r, n});
       budget -= n;
@@ -235,14 +204,11 @@ Result<ReplayReport> ReplayVllm(const Trace& trace, const vllm::KvCacheConfig& c
     step.cached_blocks = pool.num_cached;
     step.running = static_cast<int64_t>(running.size());
     step.waiting = static_cast<int64_t>(waiting.size());
-    report.peak_blocks_used = std::max(report.peak_blocks_used, step.blocks_used);
-    report.peak_running = std::max(report.peak_running, step.running);
 
     for (const Scheduled& sc : scheduled) {
       sc.r->req.num_computed_tokens += sc.n;
       step.scheduled_tokens += sc.n;
     }
-    report.scheduled_tokens += step.scheduled_tokens;
 
     // A token is sampled for every request past its prompt; finished ones are freed in order.
     stopped.clear();
@@ -250,7 +216,7 @@ Result<ReplayReport> ReplayVllm(const Trace& trace, const vllm::KvCacheConfig& c
       Live* r = sc.r;
       if (r->req.num_computed_tokens < r->req.num_tokens()) continue;
       if (r->outputs < r->trace->output_len) {
-        r->req.AppendToken(output_token(*r));
+        r->req.AppendToken(book.Output(at(*r), r->outputs));
         ++r->outputs;
       }
       if (r->outputs >= r->trace->output_len || r->req.num_tokens() >= o.max_model_len)
@@ -262,20 +228,15 @@ Result<ReplayReport> ReplayVllm(const Trace& trace, const vllm::KvCacheConfig& c
       });
       for (Live* r : stopped) {
         watch.Run([&] { manager.Free(r->req.id()); });
-        ++finished;
-        if (RequestRecord* rec = record(*r)) rec->finish_step = s;
+        book.Finished(at(*r), step);
       }
     }
-    report.manager_us.push_back(watch.Take());
     if (o.check_invariants) HKV_RETURN_IF_ERROR(manager.CheckInvariants());
-    if (o.record_steps) report.log.push_back(step);
-    ++report.steps;
+    book.EndStep(step, watch.Take());
     ++s;
-    if (o.on_progress && report.steps % 256 == 0) o.on_progress(finished);
   }
-  if (o.on_progress) o.on_progress(finished);
   report.block_id_digest = digest.value();
-  return report;
+  return book.Finish();
 }
 
 }  // namespace hkv

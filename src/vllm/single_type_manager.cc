@@ -29,11 +29,7 @@ class FullAttentionManager final : public SingleTypeManager {
       for (size_t k = 0; k < group_ids.size(); ++k)
         out[k].push_back(found[k]);
     }
-    while (block_size_ != alignment_tokens &&
-           static_cast<int64_t>(out[0].size()) * block_size_ % alignment_tokens != 0) {
-      for (size_t k = 0; k < group_ids.size(); ++k)
-        out[k].pop_back();
-    }
+    PopToAlignment(out, group_ids.size(), alignment_tokens);
   }
 
   int32_t NumCommonPrefixBlocks(RequestId id) const override {
@@ -84,11 +80,7 @@ class SlidingWindowManager final : public SingleTypeManager {
     if (!match) {
       for (size_t k = 0; k < group_ids.size(); ++k)
         out[k].resize(std::min(out[k].size(), static_cast<size_t>(contiguous)));
-      while (block_size_ != alignment_tokens &&
-             static_cast<int64_t>(out[0].size()) * block_size_ % alignment_tokens != 0) {
-        for (size_t k = 0; k < group_ids.size(); ++k)
-          out[k].pop_back();
-      }
+      PopToAlignment(out, group_ids.size(), alignment_tokens);
     }
   }
 
@@ -254,6 +246,15 @@ SingleTypeManager::SingleTypeManager(const KvCacheSpec& spec, BlockPool* pool, i
       group_id_(group_id),
       block_size_(spec.block_size),
       admission_cap_(admission_cap_blocks) {}
+
+void SingleTypeManager::PopToAlignment(std::vector<BlockList>& out, size_t groups,
+                                       int32_t alignment_tokens) const {
+  if (block_size_ == alignment_tokens) return;
+  while (static_cast<int64_t>(out[0].size()) * block_size_ % alignment_tokens != 0) {
+    for (size_t k = 0; k < groups; ++k)
+      out[k].pop_back();
+  }
+}
 
 int64_t SingleTypeManager::NumEvictable(std::span<const int32_t> blocks) const {
   int64_t n = 0;

@@ -76,6 +76,8 @@ class SingleTypeManager {
     return false;
   }
   int64_t NumEvictable(std::span<const int32_t> blocks) const;
+  // Drops hit blocks from the end until the hit is a multiple of `alignment_tokens`.
+  void PopToAlignment(std::vector<BlockList>& out, size_t groups, int32_t alignment_tokens) const;
   // Finds whether every group in group_ids caches `hash`; fills `found` (one block per group).
   bool GetCachedBlock(const BlockHash& hash, std::span<const int32_t> group_ids,
                       BlockList& found) const;
