@@ -165,7 +165,8 @@ Result<ReplayReport> ReplayVllm(const Trace& trace, const vllm::KvCacheConfig& c
     while (!preempted && !waiting.empty() && budget > 0 &&
            static_cast<int64_t>(running.size()) < o.max_running) {
       Live* r = waiting.front();
-      const vllm::ComputedBlocks hit = watch([&] { return manager.GetComputedBlocks(r->req); });
+      HKV_ASSIGN_OR_RETURN(const vllm::ComputedBlocks hit,
+                           watch([&] { return manager.GetComputedBlocks(r->req); }));
       int64_t n = std::min(r->req.num_tokens() - hit.num_tokens, budget);
       if (split) {
         n = MambaBlockAlignedSplit(*r, n, cache_block, hit.num_tokens);

@@ -17,6 +17,7 @@ Request::Request(RequestId id, std::span<const int32_t> prompt, int32_t hash_blo
       num_prompt_tokens_(static_cast<int64_t>(prompt.size())),
       hash_block_size_(hash_block_size),
       tokens_(prompt.begin(), prompt.end()) {
+  if (hash_block_size < 1) return;
   const size_t bs = static_cast<size_t>(hash_block_size);
   BlockHash parent = kRootHash;
   for (size_t b = 0; (b + 1) * bs <= tokens_.size(); ++b) {
@@ -27,6 +28,7 @@ Request::Request(RequestId id, std::span<const int32_t> prompt, int32_t hash_blo
 
 void Request::AppendToken(int32_t token) {
   tokens_.push_back(token);
+  if (hash_block_size_ < 1) return;
   const size_t bs = static_cast<size_t>(hash_block_size_);
   if (tokens_.size() % bs != 0) return;
   const BlockHash parent = hashes_.empty() ? kRootHash : hashes_.back();
@@ -73,6 +75,13 @@ struct KvCacheManager::Impl {
                        return a.manager->spec().is_full_attention() &&
                               !b.manager->spec().is_full_attention();
                      });
+  }
+
+  Status CheckHashBlockSize(const Request& r) const {
+    if (r.hash_block_size() == config.hash_block_size) return Status::Ok();
+    return Status::InvalidArgument(
+        fmt::format("vllm manager: request {}: its hash block size {} is not the manager's {}",
+                    r.id(), r.hash_block_size(), config.hash_block_size));
   }
 
   HashView HashesFor(const Request& r, int32_t block_size) const {
@@ -183,7 +192,8 @@ const KvCacheConfig& KvCacheManager::config() const {
   return impl_->config;
 }
 
-ComputedBlocks KvCacheManager::GetComputedBlocks(const Request& request) const {
+Result<ComputedBlocks> KvCacheManager::GetComputedBlocks(const Request& request) const {
+  HKV_RETURN_IF_ERROR(impl_->CheckHashBlockSize(request));
   return impl_->FindLongestCacheHit(request, request.num_tokens() - 1);
 }
 

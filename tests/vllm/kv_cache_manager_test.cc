@@ -47,7 +47,7 @@ Status Allocate(KvCacheManager& m, Request& r, int64_t n, bool admit = false,
   a.num_new_tokens = n;
   ComputedBlocks hit;
   if (admit) {
-    hit = m.GetComputedBlocks(r);
+    hit = m.GetComputedBlocks(r).value();
     a.num_new_computed_tokens = hit.num_tokens;
     a.new_computed = &hit;
     a.num_new_tokens = n - hit.num_tokens;
@@ -75,7 +75,7 @@ TEST(VllmManager, BlocksAreCachedWhenAllocatedSoTheSameStepHits) {
   Request a(1, Iota(12), 4);
   ASSERT_TRUE(Allocate(m, a, 12, true).ok());  // nothing computed yet
   Request b(2, Iota(12), 4);
-  const ComputedBlocks hit = m.GetComputedBlocks(b);
+  const ComputedBlocks hit = m.GetComputedBlocks(b).value();
   EXPECT_EQ(hit.num_tokens, 8);  // two whole blocks, capped below the last token
   EXPECT_EQ(hit.blocks.groups[0], (std::vector<int32_t>{1, 2}));
   EXPECT_EQ(m.Stats().num_cached, 3);
@@ -86,7 +86,7 @@ TEST(VllmManager, DuplicateIdentitiesStayCachedAndTheFirstServesHits) {
   Request a(1, Iota(6), 4);
   Request b(2, Iota(6), 4);
   // Both looked up before either allocated: both miss and compute the same first block.
-  const ComputedBlocks ha = m.GetComputedBlocks(a), hb = m.GetComputedBlocks(b);
+  const ComputedBlocks ha = m.GetComputedBlocks(a).value(), hb = m.GetComputedBlocks(b).value();
   EXPECT_EQ(ha.num_tokens + hb.num_tokens, 0);
   AllocateArgs args;
   args.num_new_tokens = 6;
@@ -94,7 +94,7 @@ TEST(VllmManager, DuplicateIdentitiesStayCachedAndTheFirstServesHits) {
   ASSERT_TRUE(m.AllocateSlots(b, args).ok());
   EXPECT_EQ(m.Stats().num_cached, 2);  // block 1 (a) and block 3 (b) hold the same identity
   Request c(3, Iota(6), 4);
-  EXPECT_EQ(m.GetComputedBlocks(c).blocks.groups[0], (std::vector<int32_t>{1}));
+  EXPECT_EQ(m.GetComputedBlocks(c).value().blocks.groups[0], (std::vector<int32_t>{1}));
   m.Free(1);
   // The queue is now 5..10, 2, 1: taking all eight reuses block 1 and drops its identity;
   // block 3 then serves the hit.
@@ -102,7 +102,7 @@ TEST(VllmManager, DuplicateIdentitiesStayCachedAndTheFirstServesHits) {
   Request filler(4, Iota(32, 100), 4);
   args.num_new_tokens = 32;
   ASSERT_TRUE(m.AllocateSlots(filler, args).ok());
-  EXPECT_EQ(m.GetComputedBlocks(c).blocks.groups[0], (std::vector<int32_t>{3}));
+  EXPECT_EQ(m.GetComputedBlocks(c).value().blocks.groups[0], (std::vector<int32_t>{3}));
   EXPECT_TRUE(m.CheckInvariants().ok());
 }
 
@@ -152,7 +152,7 @@ TEST(VllmManager, MixedBlockSizesCacheOnlyWhatAHitConsults) {
   prompt.push_back(500);
   prompt.push_back(501);
   Request b(2, prompt, 4);
-  const ComputedBlocks hit = m.GetComputedBlocks(b);
+  const ComputedBlocks hit = m.GetComputedBlocks(b).value();
   EXPECT_EQ(hit.num_tokens, 16);
   ASSERT_EQ(hit.blocks.groups[1].size(), 4u);
   EXPECT_EQ(hit.blocks.groups[1][0], 0);  // skipped: outside the window
@@ -191,7 +191,7 @@ TEST(VllmManager, MambaAlignKeepsTheLastStateAndReleasesTheOneBefore) {
   const std::vector<int32_t> queue = m.FreeQueue();
   EXPECT_NE(std::find(queue.begin(), queue.end(), 3), queue.end());
   Request follower(2, Iota(12), 4);
-  EXPECT_EQ(m.GetComputedBlocks(follower).num_tokens, 8);
+  EXPECT_EQ(m.GetComputedBlocks(follower).value().num_tokens, 8);
   EXPECT_TRUE(m.CheckInvariants().ok());
 }
 
@@ -214,6 +214,16 @@ TEST(VllmManager, AFailedAllocationOrBadArgumentChangesNothing) {
   Request other_hash(3, Iota(8), 8);
   args.num_new_tokens = 4;
   EXPECT_EQ(m.AllocateSlots(other_hash, args).code(), StatusCode::kInvalidArgument);
+  const Result<ComputedBlocks> wrong_lookup = m.GetComputedBlocks(other_hash);
+  ASSERT_FALSE(wrong_lookup.ok());
+  EXPECT_NE(wrong_lookup.status().message().find("hash block size 8 is not the manager's 4"),
+            std::string::npos)
+      << wrong_lookup.status().message();
+  Request no_hash(4, Iota(8), 0);  // hashes nothing (no division by zero), and is refused
+  no_hash.AppendToken(9);
+  EXPECT_TRUE(no_hash.block_hashes().empty());
+  EXPECT_EQ(m.GetComputedBlocks(no_hash).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(m.AllocateSlots(no_hash, args).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(m.FreeQueue(), queue);
   EXPECT_TRUE(m.GetBlockIds(2).empty());
   EXPECT_FALSE(m.ResetPrefixCache());  // a is still held
@@ -222,6 +232,18 @@ TEST(VllmManager, AFailedAllocationOrBadArgumentChangesNothing) {
   EXPECT_TRUE(m.ResetPrefixCache());
   EXPECT_EQ(m.Stats().num_cached, 0);
   EXPECT_TRUE(m.CheckInvariants().ok());
+}
+
+TEST(VllmManager, TheReplayRefusesAConfigMadeForOtherLimits) {
+  const Trace trace{TraceRequest{0, 0, {1, 2, 3}, 1, {4}}};
+  ReplayOptions o;
+  o.max_model_len = 64;
+  o.token_budget = 32;  // the config was made for 64
+  const Result<ReplayReport> r = ReplayVllm(trace, FullConfig(8), o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("64 batched tokens"), std::string::npos)
+      << r.status().message();
 }
 
 TEST(VllmManager, CreateRefusesAConfigItCannotServe) {

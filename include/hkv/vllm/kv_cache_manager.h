@@ -31,7 +31,8 @@ using RequestId = int64_t;
 
 // The request-side state vLLM's manager reads: tokens, their chained block hashes at the hash
 // block size (full blocks only, extended as tokens are appended) and the computed count the
-// scheduler advances.
+// scheduler advances. A hash block size below 1 hashes nothing; the manager refuses such a
+// request by name.
 class Request {
  public:
   Request(RequestId id, std::span<const int32_t> prompt, int32_t hash_block_size);
@@ -89,7 +90,8 @@ class KvCacheManager {
   const KvCacheConfig& config() const;
 
   // get_computed_blocks: the longest cached prefix (at most num_tokens - 1 tokens).
-  ComputedBlocks GetComputedBlocks(const Request& request) const;
+  // kInvalidArgument when the request hashes at another block size than the manager.
+  Result<ComputedBlocks> GetComputedBlocks(const Request& request) const;
   // allocate_slots: kResourceExhausted (vLLM returns None) when the free blocks do not suffice;
   // `new_blocks` (optional) receives the blocks allocated for this call per group. As in vLLM,
   // blocks that left a sliding window or chunk (and a Mamba `align` state superseded by the
