@@ -59,13 +59,30 @@ std::span<const T> Span(const py::array_t<T, py::array::c_style | py::array::for
 template <typename T>
 py::array_t<T, py::array::c_style> OutArray(const py::object& out, int ndim, const char* what) {
   using Exact = py::array_t<T, py::array::c_style>;
+  const std::string dtype = py::str(py::dtype::of<T>()).cast<std::string>();
+  const auto refuse = [&](const std::string& why) {
+    return StatusError(Status::InvalidArgument(fmt::format("{}: out {}", what, why)));
+  };
   if (py::isinstance<Exact>(out)) {  // dtype and contiguity, no conversion
     auto a = py::reinterpret_borrow<Exact>(out);
-    if (a.ndim() == ndim && a.writeable()) return a;
+    if (a.ndim() != ndim) {
+      throw refuse(fmt::format("has {} dimension(s): expected {}", a.ndim(), ndim));
+    }
+    if (!a.writeable()) throw refuse("is read-only: expected a writeable array");
+    return a;
   }
-  throw StatusError(Status::InvalidArgument(
-      fmt::format("{}: out must be a writeable C-contiguous {}-d numpy array of {}", what, ndim,
-                  py::str(py::dtype::of<T>()).cast<std::string>())));
+  if (!py::isinstance<py::array>(out)) {
+    throw refuse(
+        fmt::format("is a {}: expected a numpy array of {}", Py_TYPE(out.ptr())->tp_name, dtype));
+  }
+  // The isinstance above is what decides; this only picks which of its conditions to name.
+  const auto a = py::reinterpret_borrow<py::array>(out);
+  const bool contiguous = (a.flags() & py::array::c_style) != 0;
+  if (contiguous || !a.dtype().equal(py::dtype::of<T>())) {
+    throw refuse(
+        fmt::format("has dtype {}: expected {}", py::str(a.dtype()).cast<std::string>(), dtype));
+  }
+  throw refuse("is not C-contiguous: expected a C-contiguous array");
 }
 
 // Usage and FreeListOrder take a pool index without returning a Status.
@@ -514,9 +531,13 @@ void BindManager(py::module_& m) {
                 out.is_none() ? py::array_t<int32_t, py::array::c_style>(
                                     {rows, static_cast<py::ssize_t>(width)})
                               : OutArray<int32_t>(out, 2, "block_tables");
-            if (a.shape(0) != rows || static_cast<size_t>(a.shape(1)) < width) {
+            if (a.shape(0) != rows) {
               throw StatusError(Status::InvalidArgument(fmt::format(
-                  "block_tables: out must have {} rows and at least {} columns", rows, width)));
+                  "block_tables: out has {} rows: expected {}, one per id", a.shape(0), rows)));
+            }
+            if (static_cast<size_t>(a.shape(1)) < width) {
+              throw StatusError(Status::InvalidArgument(fmt::format(
+                  "block_tables: out has {} columns: expected at least {}", a.shape(1), width)));
             }
             const auto cols = static_cast<size_t>(a.shape(1));
             int32_t* dst = a.mutable_data();

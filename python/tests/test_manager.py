@@ -80,10 +80,16 @@ def test_slot_mapping_into_a_callers_buffer(small):
     with pytest.raises(hybridkv.InvalidArgumentError) as e:
         small.slot_mapping(1, 0, 0, 11)
     assert "outside the reserved" in str(e.value)
-    for bad in (np.zeros(6, dtype=np.int32), np.zeros(12, dtype=np.int64)[::2], [0] * 6):
+    read_only = np.zeros(6, dtype=np.int64)
+    read_only.flags.writeable = False
+    for bad, why in ((np.zeros(6, dtype=np.int32), "out has dtype int32: expected int64"),
+                     (np.zeros(12, dtype=np.int64)[::2], "out is not C-contiguous"),
+                     ([0] * 6, "out is a list: expected a numpy array of int64"),
+                     (np.zeros((2, 3), dtype=np.int64), "out has 2 dimension(s): expected 1"),
+                     (read_only, "out is read-only")):
         with pytest.raises(hybridkv.InvalidArgumentError) as e:
             small.slot_mapping(1, 0, 0, 6, out=bad)  # a converted copy would get the slots
-        assert "C-contiguous 1-d numpy array of int64" in str(e.value)
+        assert why in str(e.value)
 
 
 def test_refusals_change_nothing_and_map_to_exception_classes(small):
@@ -281,7 +287,10 @@ def test_batched_step_calls_match_the_per_request_ones():
     assert mgr.block_tables(ids, 0, out=out) is out and (out[:, 3:] == 0).all()
     with pytest.raises(hybridkv.InvalidArgumentError) as e:
         mgr.block_tables(ids, 0, out=np.zeros((3, 2), dtype=np.int32))
-    assert "at least 3 columns" in str(e.value)
+    assert "out has 2 columns: expected at least 3" in str(e.value)
+    with pytest.raises(hybridkv.InvalidArgumentError) as e:
+        mgr.block_tables(ids, 0, out=np.zeros((2, 8), dtype=np.int32))
+    assert "out has 2 rows: expected 3" in str(e.value)
     slots = mgr.step_slot_mapping(ids, 0)
     expected = np.concatenate([mgr.slot_mapping(int(r), 0, mgr.step(int(r))["begin"],
                                                 mgr.step(int(r))["end"]) for r in ids])

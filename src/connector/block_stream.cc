@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <cstring>
+#include <string>
 #include <utility>
 
 #include <fmt/format.h>
@@ -169,9 +170,13 @@ Result<std::vector<StreamBlock>> ParseStream(std::span<const unsigned char> stre
                       size - at - kBlockHeader));
     }
     const uint32_t flags = Get32(header + 8);
-    if ((flags & ~(kHasKey | kCheckpoint)) != 0 || Get64(header + 48) != 0) {
+    if ((flags & ~(kHasKey | kCheckpoint)) != 0) {
       return Status::ParseError(
-          fmt::format("block stream: block {} has unknown flags {:#x} or reserved bits", i, flags));
+          fmt::format("block stream: block {} has unknown flags {:#x}", i, flags));
+    }
+    if (Get64(header + 48) != 0) {
+      return Status::ParseError(fmt::format(
+          "block stream: block {} has reserved field {:#x}: expected 0", i, Get64(header + 48)));
     }
     const unsigned char* image = header + kBlockHeader;
     if (verify && connector_format::Xxh3WithSeed(image, image_bytes, HeaderSeed(header)) !=
@@ -227,13 +232,28 @@ Status CheckDestinations(const BlockMemoryView& dst, std::span<const StreamBlock
           "import: block {} is of group {}, the destination has {}", i, b.group, dst.num_groups()));
     }
     const GroupRefs& g = dst.group(b.group);
-    if (b.fingerprint != g.fingerprint || b.pool != g.pool || b.checkpoint != g.is_state ||
-        static_cast<int64_t>(b.image.size()) != g.image_bytes) {
-      return Status::InvalidArgument(fmt::format(
-          "import: block {} (group {}, pool {}, {} bytes) does not match the destination's "
-          "geometry of group {} (pool {}, {} bytes{})",
-          i, b.group, b.pool, b.image.size(), b.group, g.pool, g.image_bytes,
-          b.fingerprint != g.fingerprint ? ", other layers or tensor shapes" : ""));
+    const auto mismatch = [&](const std::string& what) {
+      return Status::InvalidArgument(
+          fmt::format("import: block {} of group {} does not match the destination's geometry: {}",
+                      i, b.group, what));
+    };
+    if (b.pool != g.pool) {
+      return mismatch(
+          fmt::format("it is of pool {}, the group's blocks are of pool {}", b.pool, g.pool));
+    }
+    if (b.checkpoint != g.is_state) {
+      return mismatch(b.checkpoint ? "it is a state checkpoint, the group keeps tokens"
+                                   : "it holds tokens, the group keeps a state");
+    }
+    if (static_cast<int64_t>(b.image.size()) != g.image_bytes) {
+      return mismatch(fmt::format("it has {} image bytes, the group's blocks have {}",
+                                  b.image.size(), g.image_bytes));
+    }
+    if (b.fingerprint != g.fingerprint) {
+      return mismatch(
+          fmt::format("its fingerprint {:#x} is not the group's {:#x} (other layers "
+                      "or tensor shapes)",
+                      b.fingerprint, g.fingerprint));
     }
     if (!dst.ValidBlock(g.pool, dst_blocks[i])) {
       return Status::InvalidArgument(fmt::format(

@@ -209,13 +209,21 @@ Result<std::vector<unsigned char>> DiskTier::Read(const PrefixKey& key) const {
     return Status::IoError(
         fmt::format("cannot read {}: {}", path.string(), errno == 0 ? "ended early" : Errno()));
   }
-  if (Get64(header) != kMagic || Get32(header + 8) != kVersion) {
+  if (Get64(header) != kMagic) {
     return Status::IoError(
-        fmt::format("{} is not a version {} disk tier file", path.string(), kVersion));
+        fmt::format("{} is not a disk tier file (its magic is wrong)", path.string()));
+  }
+  if (Get32(header + 8) != kVersion) {
+    return Status::IoError(fmt::format("{} is a version {} disk tier file; expected version {}",
+                                       path.string(), Get32(header + 8), kVersion));
   }
   if (Get32(header + 12) != static_cast<uint32_t>(key.group) || Get64(header + 16) != key.hash.lo ||
-      Get64(header + 24) != key.hash.hi || Get64(header + 32) != bytes.size()) {
-    return Status::IoError(fmt::format("{} holds another key or length", path.string()));
+      Get64(header + 24) != key.hash.hi) {
+    return Status::IoError(fmt::format("{} holds another key's entry", path.string()));
+  }
+  if (Get64(header + 32) != bytes.size()) {
+    return Status::IoError(fmt::format("{} says {} payload bytes, the entry has {}", path.string(),
+                                       Get64(header + 32), bytes.size()));
   }
   if (connector_format::SeededChecksum({header, kChecksumAt}, bytes) !=
       Get64(header + kChecksumAt)) {

@@ -44,8 +44,11 @@ bool SendParts(void* socket, std::initializer_list<std::pair<const void*, size_t
 
 Result<std::unique_ptr<KvEventPublisher>> KvEventPublisher::Bind(
     const KvEventPublisherOptions& options, std::vector<KvEventGroup> groups) {
-  if (options.endpoint.empty() || options.topic.empty()) {
-    return Status::InvalidArgument("kv events: the endpoint and the topic must not be empty");
+  if (options.endpoint.empty()) {
+    return Status::InvalidArgument("kv events: the endpoint is empty: expected an address");
+  }
+  if (options.topic.empty()) {
+    return Status::InvalidArgument("kv events: the topic is empty: expected a name");
   }
   std::unique_ptr<KvEventPublisher> p(new KvEventPublisher());
   p->options_ = options;

@@ -43,21 +43,35 @@ RemoteTier::~RemoteTier() {
 }
 
 Result<std::unique_ptr<RemoteTier>> RemoteTier::Connect(const RemoteTierOptions& options) {
-  if (options.unix_socket.empty() &&
-      (options.host.empty() || options.port < 1 || options.port > 65535)) {
-    return Status::InvalidArgument(
-        fmt::format("remote tier: server '{}' port {}: expected a host and a port in 1..65535",
-                    options.host, options.port));
+  if (options.unix_socket.empty()) {
+    if (options.host.empty()) {
+      return Status::InvalidArgument(
+          "remote tier: host is empty: expected a host name or address (or a unix socket)");
+    }
+    if (options.port < 1 || options.port > 65535) {
+      return Status::InvalidArgument(fmt::format(
+          "remote tier: server '{}' port {}: expected 1..65535", options.host, options.port));
+    }
   }
-  if (options.name_space.empty() || options.name_space.find(':') != std::string::npos) {
-    return Status::InvalidArgument(fmt::format(
-        "remote tier: namespace '{}' must be non-empty and without ':'", options.name_space));
+  if (options.name_space.empty()) {
+    return Status::InvalidArgument("remote tier: namespace is empty: expected a name");
   }
-  if (options.timeout_ms < 1 || options.retry_after_ms < 0 || options.capacity_bytes < 0) {
+  if (options.name_space.find(':') != std::string::npos) {
     return Status::InvalidArgument(
-        fmt::format("remote tier: timeout {} ms must be >= 1, retry interval {} ms and capacity "
-                    "{} >= 0",
-                    options.timeout_ms, options.retry_after_ms, options.capacity_bytes));
+        fmt::format("remote tier: namespace '{}' contains ':': expected a name without it",
+                    options.name_space));
+  }
+  if (options.timeout_ms < 1) {
+    return Status::InvalidArgument(
+        fmt::format("remote tier: timeout {} ms: expected >= 1", options.timeout_ms));
+  }
+  if (options.retry_after_ms < 0) {
+    return Status::InvalidArgument(
+        fmt::format("remote tier: retry interval {} ms: expected >= 0", options.retry_after_ms));
+  }
+  if (options.capacity_bytes < 0) {
+    return Status::InvalidArgument(
+        fmt::format("remote tier: capacity {} bytes: expected >= 0", options.capacity_bytes));
   }
   std::unique_ptr<RemoteTier> tier(new RemoteTier(options));
   HKV_RETURN_IF_ERROR(tier->Open());
@@ -187,11 +201,17 @@ Result<std::vector<unsigned char>> RemoteTier::Get(const PrefixKey& key) {
   std::string damage;
   if (r->type != REDIS_REPLY_STRING || n < kHeader) {
     damage = fmt::format("a value of {} bytes, shorter than its header", n);
-  } else if (Get64(v) != kMagic || Get32(v + 8) != kVersion) {
+  } else if (Get64(v) != kMagic) {
     damage = "not a remote tier value";
+  } else if (Get32(v + 8) != kVersion) {
+    damage = fmt::format("a version {} value; expected version {}", Get32(v + 8), kVersion);
   } else if (Get32(v + 12) != static_cast<uint32_t>(key.group) || Get64(v + 16) != key.hash.lo ||
-             Get64(v + 24) != key.hash.hi || Get64(v + 32) != n - kHeader) {
-    damage = "another key's value, or a truncated one";
+             Get64(v + 24) != key.hash.hi) {
+    damage = "another key's value";
+  } else if (Get64(v + 32) != n - kHeader) {
+    damage = fmt::format("a {} value: its header says {} payload bytes, it has {}",
+                         Get64(v + 32) > n - kHeader ? "truncated" : "padded", Get64(v + 32),
+                         n - kHeader);
   } else if (connector_format::SeededChecksum({v, kChecksumAt}, {v + kHeader, n - kHeader}) !=
              Get64(v + kChecksumAt)) {
     damage = "a value failing its checksum";

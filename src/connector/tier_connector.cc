@@ -1,4 +1,6 @@
 // TierConnector: write-through offload of published blocks, background loads of external hits.
+#include <string>
+
 #include <fmt/format.h>
 
 #include <hkv/connector/block_stream.h>
@@ -46,11 +48,16 @@ Status TierConnector::Store(std::span<const ManagerEvent> events) {
   scratch_export_.clear();
   for (const ManagerEvent& e : events) {
     if (e.kind != KvEvent::Kind::kStored) continue;
-    if (e.group < 0 || e.group >= view_.num_groups() ||
-        !view_.ValidBlock(view_.group(e.group).pool, e.block)) {
+    if (e.group < 0 || e.group >= view_.num_groups()) {
       return Status::InvalidArgument(fmt::format(
-          "tier connector: stored event for block {} of group {}, which the memory view lacks",
-          e.block, e.group));
+          "tier connector: stored event for block {} names group {}; the memory view has {}",
+          e.block, e.group, view_.num_groups()));
+    }
+    if (const int32_t pool = view_.group(e.group).pool; !view_.ValidBlock(pool, e.block)) {
+      return Status::InvalidArgument(fmt::format(
+          "tier connector: stored event for block {} of group {}: outside pool {} (ids {}..{})",
+          e.block, e.group, pool, view_.first_block(pool),
+          view_.first_block(pool) + view_.num_blocks(pool) - 1));
     }
     scratch_export_.push_back({e.group, e.block, PrefixKey{e.hash, e.group}});
   }
@@ -91,12 +98,23 @@ Status TierConnector::StartLoad(RequestId id, std::span<const BlockLoad> loads) 
     return Status::InvalidArgument(fmt::format("tier connector: request {}: no loads", id));
   }
   for (const BlockLoad& l : loads) {
-    if (l.group < 0 || l.group >= view_.num_groups() || view_.group(l.group).pool != l.pool ||
-        !view_.ValidBlock(l.pool, l.block)) {
+    if (l.group < 0 || l.group >= view_.num_groups()) {
       return Status::InvalidArgument(fmt::format(
-          "tier connector: request {}: load into block {} of group {} (pool {}), which the memory "
-          "view lacks",
-          id, l.block, l.group, l.pool));
+          "tier connector: request {}: load into block {} names group {}; the memory view has {}",
+          id, l.block, l.group, view_.num_groups()));
+    }
+    if (view_.group(l.group).pool != l.pool) {
+      return Status::InvalidArgument(fmt::format(
+          "tier connector: request {}: load into block {} of group {} names pool {}; the group's "
+          "blocks are of pool {}",
+          id, l.block, l.group, l.pool, view_.group(l.group).pool));
+    }
+    if (!view_.ValidBlock(l.pool, l.block)) {
+      return Status::InvalidArgument(fmt::format(
+          "tier connector: request {}: load into block {} of group {}: outside pool {} (ids "
+          "{}..{})",
+          id, l.block, l.group, l.pool, view_.first_block(l.pool),
+          view_.first_block(l.pool) + view_.num_blocks(l.pool) - 1));
     }
   }
   {
@@ -185,12 +203,21 @@ Status TierConnector::LoadOne(const BlockLoad& load, std::vector<StreamBlock>& p
   // are this request's private blocks, released unpublished when the load fails.
   HKV_ASSIGN_OR_RETURN(parsed, ParseBlockStreamHeaders(bytes));
   // A stream checks itself; that it is the block the manager asked for is checked here.
-  if (parsed.size() != 1 || !parsed[0].key || *parsed[0].key != load.key ||
-      parsed[0].group != load.group || parsed[0].checkpoint != load.state) {
+  const auto foreign = [&](const std::string& what) {
     return Status::InvalidArgument(fmt::format(
-        "tier connector: the stream stored for a block of group {} holds {} block(s) of another "
-        "identity, group or kind",
-        load.group, parsed.size()));
+        "tier connector: the stream stored for a block of group {} {}", load.group, what));
+  };
+  if (parsed.size() != 1) {
+    return foreign(fmt::format("holds {} blocks; expected one", parsed.size()));
+  }
+  if (!parsed[0].key) return foreign("holds a block without a prefix identity");
+  if (*parsed[0].key != load.key) return foreign("holds a block of another identity");
+  if (parsed[0].group != load.group) {
+    return foreign(fmt::format("holds a block of group {}", parsed[0].group));
+  }
+  if (parsed[0].checkpoint != load.state) {
+    return foreign(parsed[0].checkpoint ? "holds a state checkpoint; expected a block of tokens"
+                                        : "holds a block of tokens; expected a state checkpoint");
   }
   const int64_t dst = load.block;
   HKV_RETURN_IF_ERROR(ImportBlocksVerifying(view_, parsed, {&dst, 1}));

@@ -63,9 +63,17 @@ Result<int64_t> DeserializeTierEntries(std::span<const unsigned char> message, T
         message.size(), kHeaderBytes));
   }
   const unsigned char* p = message.data();
-  if (Get32(p) != kMagic || Get32(p + 4) != kVersion || Get64(p + 16) != HeaderSeed({p, 16})) {
+  if (Get32(p) != kMagic) {
     return Status::InvalidArgument(
-        "tier transfer: message header damaged (magic, version or checksum)");
+        "tier transfer: message header damaged: the magic is wrong (not a tier transfer message)");
+  }
+  if (Get32(p + 4) != kVersion) {
+    return Status::InvalidArgument(
+        fmt::format("tier transfer: message header damaged: version {}; expected version {}",
+                    Get32(p + 4), kVersion));
+  }
+  if (Get64(p + 16) != HeaderSeed({p, 16})) {
+    return Status::InvalidArgument("tier transfer: message header damaged: its checksum fails");
   }
   const uint64_t count = Get64(p + 8);
   size_t at = kHeaderBytes;

@@ -50,11 +50,20 @@ Engine::Engine(const ModelSpec& spec, const ModelWeights& weights, KvCacheManage
 Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& spec, const ModelWeights& weights,
                                                const Plan& plan, const ManagerConfig& config,
                                                const EngineOptions& options) {
-  if (options.token_budget < 1 || options.chunk < 1 || options.draft_tokens < 0 ||
-      options.lookahead < 0) {
-    return Status::InvalidArgument(fmt::format(
-        "engine: token budget {} and chunk {} must be >= 1, draft tokens {} and lookahead {} >= 0",
-        options.token_budget, options.chunk, options.draft_tokens, options.lookahead));
+  if (options.token_budget < 1) {
+    return Status::InvalidArgument(
+        fmt::format("engine: token budget {}: expected >= 1", options.token_budget));
+  }
+  if (options.chunk < 1) {
+    return Status::InvalidArgument(fmt::format("engine: chunk {}: expected >= 1", options.chunk));
+  }
+  if (options.draft_tokens < 0) {
+    return Status::InvalidArgument(
+        fmt::format("engine: draft tokens {}: expected >= 0", options.draft_tokens));
+  }
+  if (options.lookahead < 0) {
+    return Status::InvalidArgument(
+        fmt::format("engine: lookahead {}: expected >= 0", options.lookahead));
   }
   std::vector<SparseLayer> sparse_layers;
   std::vector<int32_t> sparse_groups;
@@ -100,10 +109,18 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& spec, const Mode
 }
 
 Status Engine::Submit(const GenerationRequest& request) {
-  if (request.prompt.empty() || request.max_new_tokens < 1 || request.num_samples < 1) {
+  if (request.prompt.empty()) {
     return Status::InvalidArgument(
-        fmt::format("engine: request {}: needs a prompt, max_new_tokens >= 1 and num_samples >= 1",
-                    request.id));
+        fmt::format("engine: request {}: prompt is empty: expected at least 1 token", request.id));
+  }
+  if (request.max_new_tokens < 1) {
+    return Status::InvalidArgument(
+        fmt::format("engine: request {}: max_new_tokens = {}: expected >= 1", request.id,
+                    request.max_new_tokens));
+  }
+  if (request.num_samples < 1) {
+    return Status::InvalidArgument(fmt::format(
+        "engine: request {}: num_samples = {}: expected >= 1", request.id, request.num_samples));
   }
   for (size_t i = 0; i < request.prompt.size(); ++i) {
     const int32_t t = request.prompt[i];
@@ -127,12 +144,22 @@ Status Engine::Submit(const GenerationRequest& request) {
     const RequestId l_last = l.seq.id + static_cast<RequestId>(l.num_samples - 1);
     return l.seq.id <= last && request.id <= l_last;
   };
-  const bool taken =
-      std::any_of(waiting_.begin(), waiting_.end(), [&](const auto& l) { return clashes(*l); }) ||
-      std::any_of(running_.begin(), running_.end(), [&](const auto& l) { return clashes(*l); });
-  if (taken || last < request.id) {
+  if (last < request.id) {
+    return Status::InvalidArgument(
+        fmt::format("engine: request {}: num_samples = {}: the sibling ids run past the largest "
+                    "request id",
+                    request.id, request.num_samples));
+  }
+  const auto refuse_clash = [&](const Live& l, const char* where) {
     return Status::InvalidArgument(fmt::format(
-        "engine: request ids {}..{} overlap a queued or running request's", request.id, last));
+        "engine: request ids {}..{} overlap those of {} request {} ({}..{})", request.id, last,
+        where, l.seq.id, l.seq.id, l.seq.id + static_cast<RequestId>(l.num_samples - 1)));
+  };
+  for (const auto& l : waiting_) {
+    if (clashes(*l)) return refuse_clash(*l, "queued");
+  }
+  for (const auto& l : running_) {
+    if (clashes(*l)) return refuse_clash(*l, "running");
   }
   auto r = std::make_unique<Live>();
   r->seq.id = request.id;

@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <cmath>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -49,13 +50,24 @@ void ScaleRecurrent(LayerSpec& s, const TinyModelOptions& o) {
 }  // namespace
 
 Result<ModelSpec> ScaleModel(const ModelSpec& real, const TinyModelOptions& o) {
-  if (o.max_layers < 1 || o.hidden < 8 || o.kv_heads < 1 || o.q_per_kv < 1 || o.head_dim < 2 ||
-      o.head_dim % 4 != 0 || o.window < 1 || o.chunk < 1 || o.vocab < 2 || o.encoder_tokens < 1) {
-    return Status::InvalidArgument(fmt::format(
-        "tiny model: options out of range (layers {}, hidden {}, kv heads {}, q per kv {}, head "
-        "dim {} (multiple of 4), window {}, chunk {}, vocab {}, encoder tokens {})",
-        o.max_layers, o.hidden, o.kv_heads, o.q_per_kv, o.head_dim, o.window, o.chunk, o.vocab,
-        o.encoder_tokens));
+  const auto at_least = [](std::string_view field, int32_t value, int32_t min) {
+    return value >= min ? Status::Ok()
+                        : Status::InvalidArgument(fmt::format("tiny model: {} = {}: expected >= {}",
+                                                              field, value, min));
+  };
+  for (const Status& st : {at_least("max_layers", o.max_layers, 1), at_least("hidden", o.hidden, 8),
+                           at_least("kv_heads", o.kv_heads, 1), at_least("q_per_kv", o.q_per_kv, 1),
+                           at_least("head_dim", o.head_dim, 4)}) {
+    if (!st.ok()) return st;
+  }
+  if (o.head_dim % 4 != 0) {
+    return Status::InvalidArgument(
+        fmt::format("tiny model: head_dim = {}: expected a multiple of 4", o.head_dim));
+  }
+  for (const Status& st :
+       {at_least("window", o.window, 1), at_least("chunk", o.chunk, 1),
+        at_least("vocab", o.vocab, 2), at_least("encoder_tokens", o.encoder_tokens, 1)}) {
+    if (!st.ok()) return st;
   }
   ModelSpec t;
   t.model_type = real.model_type;

@@ -23,9 +23,12 @@ constexpr int64_t kMaxModelLen = 192;
 }  // namespace
 
 Result<VerifyReport> RunVerify(const ModelSpec& real, const VerifyOptions& o) {
-  if (o.requests < 1 || o.max_steps < 1) {
+  if (o.requests < 1) {
+    return Status::InvalidArgument(fmt::format("verify: requests = {}: expected >= 1", o.requests));
+  }
+  if (o.max_steps < 1) {
     return Status::InvalidArgument(
-        fmt::format("verify: requests {} and steps {} must be >= 1", o.requests, o.max_steps));
+        fmt::format("verify: max_steps = {}: expected >= 1", o.max_steps));
   }
   TinyModelOptions tiny_options;
   HKV_ASSIGN_OR_RETURN(const ModelSpec spec, ScaleModel(real, tiny_options));

@@ -99,13 +99,21 @@ Status KvCacheManager::Impl::Allocate(Request& r, int64_t num_new, const PrefixH
         "allocate: request {}: a prefix hit can only be passed to the first Allocate", r.id));
   }
   if (!r.started) {
-    if (hit.tokens < 0 || hit.tokens % align != 0 || hit.loads < 0 ||
-        (hit.loads > 0 && hit.tokens == 0) || (hit.tokens > 0 && !config.enable_prefix_caching)) {
+    // Each refusal names the one property of the hit that Lookup could not have produced.
+    const auto not_from_lookup = [&](const std::string& why) {
       return Status::InvalidArgument(fmt::format(
-          "allocate: request {}: hit of {} tokens with {} load(s) is not one Lookup could return "
-          "(alignment {}{})",
-          r.id, hit.tokens, hit.loads, align,
-          config.enable_prefix_caching ? "" : ", prefix caching off"));
+          "allocate: request {}: hit of {} tokens with {} load(s) is not one Lookup could return: "
+          "{}",
+          r.id, hit.tokens, hit.loads, why));
+    };
+    if (hit.tokens < 0) return not_from_lookup("negative tokens");
+    if (hit.tokens % align != 0) {
+      return not_from_lookup(fmt::format("tokens not a multiple of the alignment {}", align));
+    }
+    if (hit.loads < 0) return not_from_lookup("negative loads");
+    if (hit.loads > 0 && hit.tokens == 0) return not_from_lookup("loads without hit tokens");
+    if (hit.tokens > 0 && !config.enable_prefix_caching) {
+      return not_from_lookup("hit tokens with prefix caching off");
     }
     if (hit.tokens > 0 && hit.tokens > r.known() - 1) {
       return Status::FailedPrecondition(fmt::format(
@@ -113,9 +121,13 @@ Status KvCacheManager::Impl::Allocate(Request& r, int64_t num_new, const PrefixH
           "tokens; look up again",
           r.id, hit.tokens, r.known()));
     }
-    if (hit.encoder && (!has_encoder || !config.enable_prefix_caching)) {
+    if (hit.encoder && !has_encoder) {
       return Status::InvalidArgument(fmt::format(
-          "allocate: request {}: encoder hit on a model without cached encoder blocks", r.id));
+          "allocate: request {}: encoder hit on a model without a cross-attention group", r.id));
+    }
+    if (hit.encoder && !config.enable_prefix_caching) {
+      return Status::InvalidArgument(
+          fmt::format("allocate: request {}: encoder hit with prefix caching off", r.id));
     }
   }
   const int64_t begin = r.started ? r.computed : hit.tokens;

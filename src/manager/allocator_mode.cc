@@ -335,11 +335,16 @@ namespace {
 Result<Allocator> MakeAllocatorUnchecked(const ModelSpec& model, AllocatorMode mode,
                                          const AllocatorOptions& o) {
   HKV_RETURN_IF_ERROR(model.Validate());
-  if (o.encoder_tokens < -1 || (o.encoder_tokens > 0 && !model.has_cross_attention())) {
-    return Status::InvalidArgument(fmt::format(
-        "allocator: encoder_tokens {}: expected -1 (the model's largest encoder input), 0, or a "
-        "count for a model with cross attention ({} has {})",
-        o.encoder_tokens, model.source, model.has_cross_attention() ? "some" : "none"));
+  if (o.encoder_tokens < -1) {
+    return Status::InvalidArgument(
+        fmt::format("allocator: encoder_tokens {}: expected -1 (the model's largest encoder "
+                    "input), 0 or a positive count",
+                    o.encoder_tokens));
+  }
+  if (o.encoder_tokens > 0 && !model.has_cross_attention()) {
+    return Status::InvalidArgument(
+        fmt::format("allocator: encoder_tokens {}: {} has no cross attention; expected -1 or 0",
+                    o.encoder_tokens, model.source));
   }
   switch (mode) {
     case AllocatorMode::kUniform:

@@ -30,11 +30,15 @@ Result<EvictResult> KvCacheManager::Impl::Evict(Request& r, int32_t g, int64_t k
   }
   GroupState& gs = r.groups[static_cast<size_t>(g)];
   const int64_t n = r.computed - gs.evicted;
-  if (keep < 0 || keep > n || unchanged < 0 || unchanged > keep) {
+  if (keep < 0 || keep > n) {
     return Status::InvalidArgument(fmt::format(
-        "evict: request {} group {}: keep {} with {} unchanged; the group holds {} slots "
-        "(0 <= unchanged <= keep <= {})",
-        r.id, g, keep, unchanged, n, n));
+        "evict: request {} group {}: keep {}: expected 0 to the {} slots the group holds", r.id, g,
+        keep, n));
+  }
+  if (unchanged < 0 || unchanged > keep) {
+    return Status::InvalidArgument(
+        fmt::format("evict: request {} group {}: {} unchanged: expected 0 to keep ({})", r.id, g,
+                    unchanged, keep));
   }
   EvictResult out{keep, keep, 0, 0};
   if (keep == n) return out;  // every slot stays where it is

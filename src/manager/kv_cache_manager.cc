@@ -306,7 +306,11 @@ Status KvCacheManager::AddRequest(const RequestSpec& spec) {
   }
   for (size_t i = 0; i < spec.items.size(); ++i) {
     const PromptItem& it = spec.items[i];
-    if (it.position < 0 || it.length < 1 || it.position + it.length > prompt_len) {
+    if (it.length < 1) {
+      return Status::InvalidArgument(fmt::format(
+          "add request {}: item {} has length {}: expected >= 1", spec.id, i, it.length));
+    }
+    if (it.position < 0 || it.position + it.length > prompt_len) {
       return Status::InvalidArgument(fmt::format(
           "add request {}: item {} covers positions [{}, {}), outside the prompt of {} tokens",
           spec.id, i, it.position, it.position + it.length, prompt_len));
@@ -553,7 +557,12 @@ Status KvCacheManager::SlotMapping(RequestId id, int32_t group, int64_t begin, i
         "no fixed slot (asked from {})",
         id, group, r->computed, begin));
   }
-  if (begin < 0 || begin > end || end > limit) {
+  if (begin > end) {
+    return Status::InvalidArgument(
+        fmt::format("slot mapping: positions [{}, {}) of request {} group {}: end before begin",
+                    begin, end, id, group));
+  }
+  if (begin < 0 || end > limit) {
     return Status::InvalidArgument(fmt::format(
         "slot mapping: positions [{}, {}) outside the reserved [0, {}) of request {} group {}",
         begin, end, limit, id, group));

@@ -79,11 +79,15 @@ Status ManagerConfig::Validate() const {
     }
     for (size_t p = 0; p < pool_blocks.size(); ++p) {
       const int32_t per = arena.pages_per_slab[p];
-      if (per < 1 || arena.num_slabs * per + 1 != pool_blocks[p]) {
+      if (per < 1) {
+        return Status::InvalidArgument(
+            fmt::format("manager config: arena.pages_per_slab[{}] = {}: expected >= 1", p, per));
+      }
+      if (arena.num_slabs * per + 1 != pool_blocks[p]) {
         return Status::InvalidArgument(fmt::format(
-            "manager config: pool {} has {} blocks and {} pages per slab; with {} slabs it "
-            "needs pages per slab >= 1 and num_slabs * pages_per_slab + 1 blocks",
-            p, pool_blocks[p], per, arena.num_slabs));
+            "manager config: pool {} has {} blocks: expected num_slabs * pages_per_slab + 1 = {} "
+            "({} slabs of {} pages)",
+            p, pool_blocks[p], arena.num_slabs * per + 1, arena.num_slabs, per));
       }
     }
   }

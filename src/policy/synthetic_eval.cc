@@ -80,13 +80,20 @@ Status Check(const SyntheticEvalOptions& o) {
   // Products checked one factor at a time so that none overflows before the comparison.
   const int64_t q_heads = int64_t{o.num_kv_heads} * o.group;
   const int64_t length = o.prompt_len + o.decode_steps;
+  // Every factor is >= 1 here, so a single factor above the limit already makes the product
+  // exceed it.
   if (q_heads > kMaxFloats || o.head_dim > kMaxFloats || o.prompt_len > kMaxFloats ||
-      o.decode_steps > kMaxFloats || q_heads * o.head_dim > kMaxFloats / length ||
-      std::min(o.chunk, o.prompt_len) * q_heads > kMaxFloats / length) {
+      o.decode_steps > kMaxFloats || q_heads * o.head_dim > kMaxFloats / length) {
     return Status::InvalidArgument(fmt::format(
-        "{} query heads of width {} over {} tokens in chunks of {}: more than {} floats of "
-        "queries, keys or step logits; expected a smaller run",
-        q_heads, o.head_dim, length, o.chunk, kMaxFloats));
+        "{} query heads of width {} over {} tokens: more than {} floats of queries and keys; "
+        "expected a smaller run",
+        q_heads, o.head_dim, length, kMaxFloats));
+  }
+  if (std::min(o.chunk, o.prompt_len) * q_heads > kMaxFloats / length) {
+    return Status::InvalidArgument(fmt::format(
+        "{} query heads over {} tokens in chunks of {}: more than {} floats of step logits; "
+        "expected a smaller run",
+        q_heads, length, o.chunk, kMaxFloats));
   }
   HKV_RETURN_IF_ERROR(CheckShape(o.shape));
   if (o.policies.empty()) return Status::InvalidArgument("policies: expected at least one");
@@ -173,11 +180,16 @@ void DenseRow(const std::vector<float>& logits, int64_t r, int32_t q_heads,
 // Select's answer, checked before it indexes anything: a policy from make_policy may be wrong.
 Status CheckKeep(const KvPolicy& policy, const std::vector<int32_t>& keep, size_t n) {
   for (size_t i = 0; i < keep.size(); ++i) {
-    if (keep[i] < 0 || static_cast<size_t>(keep[i]) >= n || (i > 0 && keep[i] <= keep[i - 1])) {
+    if (keep[i] < 0 || static_cast<size_t>(keep[i]) >= n) {
       return Status::FailedPrecondition(
-          fmt::format("policy {}: Select kept slot {} (entry {}) of {}: expected ascending slots "
-                      "below {}",
-                      policy.name(), keep[i], i, n, n));
+          fmt::format("policy {}: Select kept slot {} (entry {}): expected a slot in [0, {})",
+                      policy.name(), keep[i], i, n));
+    }
+    if (i > 0 && keep[i] <= keep[i - 1]) {
+      return Status::FailedPrecondition(
+          fmt::format("policy {}: Select kept slot {} (entry {}) after slot {}: expected "
+                      "ascending slots",
+                      policy.name(), keep[i], i, keep[i - 1]));
     }
   }
   return Status::Ok();

@@ -17,12 +17,18 @@ Result<BlockPool> BlockPool::Create(int32_t num_blocks, bool record_events) {
 
 Result<BlockPool> BlockPool::CreateSegmented(int32_t num_segments, int32_t segment_blocks,
                                              std::shared_ptr<uint64_t> clock, bool record_events) {
-  if (num_segments < 1 || segment_blocks < 1 ||
-      int64_t{num_segments} * segment_blocks + 1 > INT32_MAX) {
+  if (num_segments < 1) {
+    return Status::InvalidArgument(
+        fmt::format("segmented block pool: {} segments: expected >= 1", num_segments));
+  }
+  if (segment_blocks < 1) {
+    return Status::InvalidArgument(
+        fmt::format("segmented block pool: {} blocks per segment: expected >= 1", segment_blocks));
+  }
+  if (int64_t{num_segments} * segment_blocks + 1 > INT32_MAX) {
     return Status::InvalidArgument(fmt::format(
-        "segmented block pool of {} segments of {} blocks: expected >= 1 of each and at most "
-        "2^31 - 2 blocks",
-        num_segments, segment_blocks));
+        "segmented block pool of {} segments of {} blocks: {} blocks; expected at most 2^31 - 2",
+        num_segments, segment_blocks, int64_t{num_segments} * segment_blocks));
   }
   if (clock == nullptr) return Status::InvalidArgument("segmented block pool: no eviction clock");
   return BlockPool(num_segments, segment_blocks, false, std::move(clock), record_events);

@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <climits>
 #include <memory>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -16,11 +17,15 @@ Result<SlabArena> SlabArena::Create(int64_t num_slabs, std::span<const int32_t> 
   }
   if (pages_per_slab.empty()) return Status::InvalidArgument("slab arena: no page classes");
   for (size_t p = 0; p < pages_per_slab.size(); ++p) {
-    if (pages_per_slab[p] < 1 || num_slabs * pages_per_slab[p] + 1 > INT32_MAX) {
+    if (pages_per_slab[p] < 1) {
+      return Status::InvalidArgument(fmt::format(
+          "slab arena: class {} has {} pages per slab; expected >= 1", p, pages_per_slab[p]));
+    }
+    if (num_slabs * pages_per_slab[p] + 1 > INT32_MAX) {
       return Status::InvalidArgument(
-          fmt::format("slab arena: class {} has {} pages per slab; expected >= 1 and at most "
-                      "2^31 - 2 pages over {} slabs",
-                      p, pages_per_slab[p], num_slabs));
+          fmt::format("slab arena: class {} has {} pages per slab, {} pages over {} slabs; "
+                      "expected at most 2^31 - 2",
+                      p, pages_per_slab[p], num_slabs * pages_per_slab[p], num_slabs));
     }
   }
   SlabArena a;
@@ -109,10 +114,15 @@ Status SlabArena::Reserve(std::span<BlockPool> pools, std::span<const int64_t> n
   }
   HKV_RETURN_IF_ERROR(CheckShapes(pools, "reserve"));
   for (const PoolBlock& k : keep) {
-    if (k.pool < 0 || static_cast<size_t>(k.pool) >= pools.size() || k.block < 1 ||
-        k.block >= pools[static_cast<size_t>(k.pool)].num_blocks()) {
+    if (k.pool < 0 || static_cast<size_t>(k.pool) >= pools.size()) {
       return Status::InvalidArgument(
-          fmt::format("reserve: kept block {} of pool {} does not exist", k.block, k.pool));
+          fmt::format("reserve: kept block {} names pool {}: expected 0 to {}", k.block, k.pool,
+                      static_cast<int64_t>(pools.size()) - 1));
+    }
+    if (k.block < 1 || k.block >= pools[static_cast<size_t>(k.pool)].num_blocks()) {
+      return Status::InvalidArgument(
+          fmt::format("reserve: kept block {} of pool {}: expected 1 to {}", k.block, k.pool,
+                      pools[static_cast<size_t>(k.pool)].num_blocks() - 1));
     }
     // A kept block is a hit about to be acquired: it must be one its pool has (a dormant one
     // would mark another class's slab as kept and break the supply count).
@@ -215,14 +225,15 @@ Status SlabArena::ReserveKeeping(std::span<BlockPool> pools, std::span<const int
 
 Status SlabArena::PlanCompaction(std::span<const BlockPool> pools, int32_t pool, int64_t max_slabs,
                                  CompactionPlan& plan) {
-  if (pools.size() != pages_per_slab_.size() || pool < 0 ||
-      static_cast<size_t>(pool) >= pools.size() || max_slabs < 0) {
-    return Status::InvalidArgument(
-        fmt::format("plan compaction: class {} of {} pools ({} classes), at most {} slabs: "
-                    "expected an existing class and a limit >= 0",
-                    pool, pools.size(), pages_per_slab_.size(), max_slabs));
-  }
   HKV_RETURN_IF_ERROR(CheckShapes(pools, "plan compaction"));
+  if (pool < 0 || static_cast<size_t>(pool) >= pools.size()) {
+    return Status::InvalidArgument(fmt::format("plan compaction: class {}: expected 0 to {}", pool,
+                                               static_cast<int64_t>(pools.size()) - 1));
+  }
+  if (max_slabs < 0) {
+    return Status::InvalidArgument(
+        fmt::format("plan compaction: at most {} slabs: expected a limit >= 0", max_slabs));
+  }
   const BlockPool& bp = pools[static_cast<size_t>(pool)];
   const int32_t per = pages_per_slab_[static_cast<size_t>(pool)];
   // Only partly held slabs take part: full ones have nowhere to receive pages, empty ones are
@@ -300,9 +311,15 @@ Status SlabArena::CheckShapes(std::span<const BlockPool> pools, const char* call
         fmt::format("{}: {} pools for {} classes", call, pools.size(), pages_per_slab_.size()));
   }
   for (size_t p = 0; p < pools.size(); ++p) {
-    if (pools[p].num_segments() != num_slabs() || pools[p].segment_blocks() != pages_per_slab_[p]) {
+    if (pools[p].num_segments() != num_slabs()) {
       return Status::InvalidArgument(
-          fmt::format("{}: pool {} is not segmented as class {} of this arena", call, p, p));
+          fmt::format("{}: pool {} has {} segments; expected this arena's {} slabs", call, p,
+                      pools[p].num_segments(), num_slabs()));
+    }
+    if (pools[p].segment_blocks() != pages_per_slab_[p]) {
+      return Status::InvalidArgument(fmt::format(
+          "{}: pool {} has {} blocks per segment; expected the {} pages per slab of class {}", call,
+          p, pools[p].segment_blocks(), pages_per_slab_[p], p));
     }
   }
   return Status::Ok();
@@ -311,7 +328,10 @@ Status SlabArena::CheckShapes(std::span<const BlockPool> pools, const char* call
 Status SlabArena::CheckPlan(std::span<const BlockPool> pools, const CompactionPlan& plan) {
   const auto bad = [](std::string what) { return Status::InvalidArgument("compact: " + what); };
   for (int32_t slab : plan.slabs) {
-    if (slab < 0 || slab >= num_slabs() || owner_[static_cast<size_t>(slab)] < 0) {
+    if (slab < 0 || slab >= num_slabs()) {
+      return bad(fmt::format("slab {}: expected 0 to {}", slab, num_slabs() - 1));
+    }
+    if (owner_[static_cast<size_t>(slab)] < 0) {
       return bad(fmt::format("slab {} is not owned by any class", slab));
     }
     int32_t& listed = slab_moves_[static_cast<size_t>(slab)];
@@ -323,30 +343,48 @@ Status SlabArena::CheckPlan(std::span<const BlockPool> pools, const CompactionPl
       return bad(fmt::format("a move names pool {} of {}", m.pool, pools.size()));
     }
     const BlockPool& bp = pools[static_cast<size_t>(m.pool)];
-    if (m.src < 1 || m.src >= bp.num_blocks() || m.dst < 1 || m.dst >= bp.num_blocks()) {
-      return bad(fmt::format("move {} -> {} of pool {}: blocks are 1 to {}", m.src, m.dst, m.pool,
-                             bp.num_blocks() - 1));
+    for (const auto& [role, block] :
+         {std::pair{"source", m.src}, std::pair{"destination", m.dst}}) {
+      if (block < 1 || block >= bp.num_blocks()) {
+        return bad(fmt::format("move {} -> {} of pool {}: {} {}: blocks are 1 to {}", m.src, m.dst,
+                               m.pool, role, block, bp.num_blocks() - 1));
+      }
     }
     const int32_t from = bp.segment_of(m.src), to = bp.segment_of(m.dst);
-    if (slab_moves_[static_cast<size_t>(from)] < 0 || owner_[static_cast<size_t>(from)] != m.pool) {
-      return bad(fmt::format("move {} -> {}: slab {} of the source is not listed for pool {}",
-                             m.src, m.dst, from, m.pool));
+    if (slab_moves_[static_cast<size_t>(from)] < 0) {
+      return bad(fmt::format("move {} -> {}: slab {} of the source is not listed in the plan",
+                             m.src, m.dst, from));
+    }
+    if (owner_[static_cast<size_t>(from)] != m.pool) {
+      return bad(fmt::format("move {} -> {}: slab {} of the source is not owned by pool {}", m.src,
+                             m.dst, from, m.pool));
     }
     if (owner_[static_cast<size_t>(to)] != m.pool || slab_moves_[static_cast<size_t>(to)] >= 0) {
       return bad(fmt::format(
           "move {} -> {}: the destination's slab {} is {}", m.src, m.dst, to,
           owner_[static_cast<size_t>(to)] != m.pool ? "not owned by the pool" : "being emptied"));
     }
-    if (bp.ref_count(m.src) == 0 || bp.ref_count(m.dst) != 0) {
-      return bad(
-          fmt::format("move {} -> {} of pool {}: the source must be held and the "
-                      "destination free (refs {} and {})",
-                      m.src, m.dst, m.pool, bp.ref_count(m.src), bp.ref_count(m.dst)));
+    if (bp.ref_count(m.src) == 0) {
+      return bad(fmt::format("move {} -> {} of pool {}: the source is free; expected a held page",
+                             m.src, m.dst, m.pool));
+    }
+    if (bp.ref_count(m.dst) != 0) {
+      return bad(fmt::format(
+          "move {} -> {} of pool {}: the destination is held (ref {}); expected it free", m.src,
+          m.dst, m.pool, bp.ref_count(m.dst)));
     }
     std::vector<uint8_t>& marks = page_marks_[static_cast<size_t>(m.pool)];
-    if (marks[static_cast<size_t>(m.src)] != 0 || marks[static_cast<size_t>(m.dst)] != 0) {
-      return bad(fmt::format("move {} -> {} of pool {}: a page is moved or filled twice", m.src,
-                             m.dst, m.pool));
+    if (marks[static_cast<size_t>(m.src)] != 0) {
+      return bad(fmt::format(
+          "move {} -> {} of pool {}: the source page is already {} by an earlier "
+          "move",
+          m.src, m.dst, m.pool, marks[static_cast<size_t>(m.src)] == 1 ? "moved away" : "filled"));
+    }
+    if (marks[static_cast<size_t>(m.dst)] != 0) {
+      return bad(fmt::format(
+          "move {} -> {} of pool {}: the destination page is already {} by an "
+          "earlier move",
+          m.src, m.dst, m.pool, marks[static_cast<size_t>(m.dst)] == 1 ? "moved away" : "filled"));
     }
     marks[static_cast<size_t>(m.src)] = 1;
     marks[static_cast<size_t>(m.dst)] = 2;

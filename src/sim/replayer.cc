@@ -3,6 +3,7 @@
 #include <deque>
 #include <numeric>
 #include <string>
+#include <string_view>
 #include <unordered_set>
 
 #include <fmt/format.h>
@@ -275,10 +276,15 @@ double IdealHitRate(const Trace& trace, int32_t block_tokens) {
 namespace sim_internal {
 
 Status CheckReplayInputs(const Trace& trace, const ReplayOptions& o) {
-  if (o.token_budget < 1 || o.max_running < 1 || o.max_model_len < 2 || o.vocab < 1) {
-    return Status::InvalidArgument(fmt::format(
-        "replay: token budget {}, max running {}, vocab {} must be >= 1 and max model len {} >= 2",
-        o.token_budget, o.max_running, o.vocab, o.max_model_len));
+  const auto at_least = [](std::string_view field, int64_t value, int64_t min) {
+    return value >= min ? Status::Ok()
+                        : Status::InvalidArgument(
+                              fmt::format("replay: {} = {}: expected >= {}", field, value, min));
+  };
+  for (const Status& st :
+       {at_least("token_budget", o.token_budget, 1), at_least("max_running", o.max_running, 1),
+        at_least("max_model_len", o.max_model_len, 2), at_least("vocab", o.vocab, 1)}) {
+    if (!st.ok()) return st;
   }
   // ReadTrace checks files; a trace built in memory gets the checks the replay relies on.
   for (size_t i = 0; i < trace.size(); ++i) {
@@ -286,9 +292,13 @@ Status CheckReplayInputs(const Trace& trace, const ReplayOptions& o) {
     std::string why;
     if (t.prompt.empty() || static_cast<int64_t>(t.prompt.size()) >= o.max_model_len) {
       why = fmt::format("a {}-token prompt (1..{} allowed)", t.prompt.size(), o.max_model_len - 1);
-    } else if (t.output_len < 0 ||
-               (!t.output.empty() && t.output.size() != static_cast<size_t>(t.output_len))) {
-      why = fmt::format("output_len {} with {} output tokens", t.output_len, t.output.size());
+    } else if (t.output_len < 0) {
+      why = fmt::format("output_len {}: expected >= 0", t.output_len);
+    } else if (!t.output.empty() && t.output.size() != static_cast<size_t>(t.output_len)) {
+      why = fmt::format(
+          "output_len {} with {} output tokens: expected as many tokens as "
+          "output_len, or none",
+          t.output_len, t.output.size());
     } else if (i > 0 && t.arrival_step < trace[i - 1].arrival_step) {
       why = fmt::format("arrival step {} before the previous request's {}", t.arrival_step,
                         trace[i - 1].arrival_step);

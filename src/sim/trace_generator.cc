@@ -33,9 +33,13 @@ void AppendRandomTokens(Rng& rng, int32_t count, int32_t vocab, std::vector<int3
 }
 
 Status CheckRange(std::string_view name, int64_t lo, int64_t hi, int64_t min) {
-  if (lo < min || hi < lo) {
+  if (lo < min) {
     return Status::InvalidArgument(fmt::format(
-        "trace option {}: range [{}, {}]: expected {} <= min <= max", name, lo, hi, min));
+        "trace option {}: range [{}, {}]: min {}: expected >= {}", name, lo, hi, lo, min));
+  }
+  if (hi < lo) {
+    return Status::InvalidArgument(fmt::format(
+        "trace option {}: range [{}, {}]: max {}: expected >= min {}", name, lo, hi, hi, lo));
   }
   return Status::Ok();
 }
@@ -62,11 +66,14 @@ Status ValidateTraceGenOptions(const TraceGenOptions& o) {
     return Status::InvalidArgument(
         fmt::format("trace option max_turns = {}: expected >= 1", o.max_turns));
   }
-  if (o.num_system_prompts < 0 || !(o.system_prompt_share >= 0.0 && o.system_prompt_share <= 1.0)) {
-    return Status::InvalidArgument(fmt::format(
-        "trace options system_prompts = {}, system_prompt_share = {}: expected >= 0 and a share "
-        "in [0, 1]",
-        o.num_system_prompts, o.system_prompt_share));
+  if (o.num_system_prompts < 0) {
+    return Status::InvalidArgument(
+        fmt::format("trace option system_prompts = {}: expected >= 0", o.num_system_prompts));
+  }
+  if (!(o.system_prompt_share >= 0.0 && o.system_prompt_share <= 1.0)) {
+    return Status::InvalidArgument(
+        fmt::format("trace option system_prompt_share = {}: expected a share in [0, 1]",
+                    o.system_prompt_share));
   }
   HKV_RETURN_IF_ERROR(CheckRange("system_prompt_len", o.system_prompt_min, o.system_prompt_max, 1));
   HKV_RETURN_IF_ERROR(CheckRange("first_message_len", o.first_message_min, o.first_message_max, 1));
@@ -78,10 +85,13 @@ Status ValidateTraceGenOptions(const TraceGenOptions& o) {
         fmt::format("trace option max_prompt_tokens = {}: expected at least first_message_min = {}",
                     o.max_prompt_tokens, o.first_message_min));
   }
-  if (o.prefill_tokens_per_step < 1 || o.vocab_size < 1) {
+  if (o.prefill_tokens_per_step < 1) {
+    return Status::InvalidArgument(fmt::format(
+        "trace option prefill_tokens_per_step = {}: expected >= 1", o.prefill_tokens_per_step));
+  }
+  if (o.vocab_size < 1) {
     return Status::InvalidArgument(
-        fmt::format("trace options prefill_tokens_per_step = {}, vocab_size = {}: expected >= 1",
-                    o.prefill_tokens_per_step, o.vocab_size));
+        fmt::format("trace option vocab_size = {}: expected >= 1", o.vocab_size));
   }
   return Status::Ok();
 }

@@ -75,11 +75,15 @@ class BlockIdDigest {
 Result<ReplayReport> ReplayVllm(const Trace& trace, const vllm::KvCacheConfig& config,
                                 const ReplayOptions& o) {
   HKV_RETURN_IF_ERROR(sim_internal::CheckReplayInputs(trace, o));
-  if (config.max_model_len != o.max_model_len || config.max_num_batched_tokens != o.token_budget) {
+  if (config.max_model_len != o.max_model_len) {
+    return Status::InvalidArgument(
+        fmt::format("replay: the vLLM config was made for max model len {}, the replay uses {}",
+                    config.max_model_len, o.max_model_len));
+  }
+  if (config.max_num_batched_tokens != o.token_budget) {
     return Status::InvalidArgument(fmt::format(
-        "replay: the vLLM config was made for max model len {} and {} batched tokens, the replay "
-        "uses {} and {}",
-        config.max_model_len, config.max_num_batched_tokens, o.max_model_len, o.token_budget));
+        "replay: the vLLM config was made for {} batched tokens, the replay's token budget is {}",
+        config.max_num_batched_tokens, o.token_budget));
   }
   HKV_ASSIGN_OR_RETURN(vllm::KvCacheManager manager, vllm::KvCacheManager::Create(config));
   const bool split = config.mamba_block_aligned_split();

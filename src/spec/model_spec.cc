@@ -17,12 +17,14 @@ Status LayerError(const ModelSpec& m, size_t i, std::string_view what) {
 }  // namespace
 
 Status ModelSpec::Validate() const {
-  if (num_layers <= 0 || num_layers > kMaxLayers ||
-      layers.size() > 2 * static_cast<size_t>(kMaxLayers)) {
-    return Status::InvalidArgument(fmt::format(
-        "{}: num_layers = {} with {} layer specs: expected 1 to {} layers and at most two "
-        "specs per layer",
-        source, num_layers, layers.size(), kMaxLayers));
+  if (num_layers <= 0 || num_layers > kMaxLayers) {
+    return Status::InvalidArgument(fmt::format("{}: num_layers = {}: expected 1 to {} layers",
+                                               source, num_layers, kMaxLayers));
+  }
+  if (layers.size() > 2 * static_cast<size_t>(kMaxLayers)) {
+    return Status::InvalidArgument(
+        fmt::format("{}: {} layer specs: expected at most two per layer, {} in all", source,
+                    layers.size(), 2 * static_cast<size_t>(kMaxLayers)));
   }
   std::vector<int> seen(static_cast<size_t>(num_layers), 0);
   int32_t previous = 0;
@@ -36,13 +38,21 @@ Status ModelSpec::Validate() const {
     previous = l.layer;
     ++seen[static_cast<size_t>(l.layer)];
     if (IsAttentionKind(l.kind)) {
-      if (l.num_kv_heads <= 0 || l.head_dim_k <= 0 || l.head_dim_v < 0 ||
-          l.num_kv_heads > kMaxWidth || l.head_dim_k > kMaxWidth || l.head_dim_v > kMaxWidth) {
+      if (l.num_kv_heads <= 0 || l.num_kv_heads > kMaxWidth) {
+        return LayerError(*this, i,
+                          fmt::format("num_kv_heads = {}: expected positive heads, at most 2^20",
+                                      l.num_kv_heads));
+      }
+      if (l.head_dim_k <= 0 || l.head_dim_k > kMaxWidth) {
         return LayerError(
             *this, i,
-            fmt::format("num_kv_heads = {}, head_dim_k = {}, head_dim_v = {}: expected "
-                        "positive heads and key width, non-negative value width, each at most 2^20",
-                        l.num_kv_heads, l.head_dim_k, l.head_dim_v));
+            fmt::format("head_dim_k = {}: expected a positive width, at most 2^20", l.head_dim_k));
+      }
+      if (l.head_dim_v < 0 || l.head_dim_v > kMaxWidth) {
+        return LayerError(
+            *this, i,
+            fmt::format("head_dim_v = {}: expected a non-negative width, at most 2^20",
+                        l.head_dim_v));
       }
       if (l.num_q_heads > 0 && l.num_q_heads % l.num_kv_heads != 0) {
         return LayerError(*this, i,

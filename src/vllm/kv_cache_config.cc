@@ -305,10 +305,16 @@ Result<KvCacheConfig> MakeKvCacheConfig(const ModelSpec& model, const KvCacheOpt
     for (LayerEntry& e : layers) {
       const int64_t page = e.spec.page_size_bytes();
       if (page == max_page) continue;
-      if (max_page % page != 0 || e.spec.type == SpecType::kMamba) {
+      if (max_page % page != 0) {
         return Status::Unsupported(fmt::format(
             "vllm: layer {}'s page ({} bytes) does not divide the largest page ({} bytes); "
             "vLLM cannot unify the page sizes",
+            e.layer, page, max_page));
+      }
+      if (e.spec.type == SpecType::kMamba) {
+        return Status::Unsupported(fmt::format(
+            "vllm: layer {} is recurrent and its page ({} bytes) is smaller than the largest "
+            "page ({} bytes); vLLM cannot unify the page sizes by a larger recurrent block",
             e.layer, page, max_page));
       }
       e.spec.block_size = static_cast<int32_t>(e.spec.block_size * (max_page / page));

@@ -179,7 +179,10 @@ Result<KvCacheManager> KvCacheManager::Create(const KvCacheConfig& config) {
   if (config.max_num_batched_tokens < 1)
     return bad(fmt::format("{} batched tokens; at least 1", config.max_num_batched_tokens));
   for (const KvCacheGroup& g : config.groups) {
-    if (g.spec.block_size < 1 || g.spec.block_size % config.hash_block_size != 0) {
+    if (g.spec.block_size < 1) {
+      return bad(fmt::format("group block size {}; at least 1", g.spec.block_size));
+    }
+    if (g.spec.block_size % config.hash_block_size != 0) {
       return Status::InvalidArgument(fmt::format(
           "vllm manager: group block size {} is not a multiple of the hash block size {}",
           g.spec.block_size, config.hash_block_size));
@@ -205,11 +208,15 @@ Status KvCacheManager::AllocateSlots(const Request& request, const AllocateArgs&
         fmt::format("vllm manager: request {}: {} new tokens; expected at least 1", request.id(),
                     a.num_new_tokens));
   }
-  if (a.num_new_computed_tokens < 0 || a.num_lookahead_tokens < 0) {
-    return Status::InvalidArgument(fmt::format(
-        "vllm manager: request {}: {} new computed tokens and {} lookahead tokens; neither may "
-        "be negative",
-        request.id(), a.num_new_computed_tokens, a.num_lookahead_tokens));
+  if (a.num_new_computed_tokens < 0) {
+    return Status::InvalidArgument(
+        fmt::format("vllm manager: request {}: {} new computed tokens; expected at least 0",
+                    request.id(), a.num_new_computed_tokens));
+  }
+  if (a.num_lookahead_tokens < 0) {
+    return Status::InvalidArgument(
+        fmt::format("vllm manager: request {}: {} lookahead tokens; expected at least 0",
+                    request.id(), a.num_lookahead_tokens));
   }
   const int64_t local_computed = request.num_computed_tokens + a.num_new_computed_tokens;
   if (local_computed + a.num_new_tokens > request.num_tokens() + a.num_lookahead_tokens) {

@@ -233,6 +233,38 @@ TEST_F(RefusalTest, OtherGeometryIsRefused) {
                 "does not match the destination's geometry");
 }
 
+// Stream header 32 bytes, then block 0's header: flags at +8, a reserved field at +48.
+TEST_F(RefusalTest, UnknownFlagsAndReservedFieldsAreNamedApart) {
+  std::vector<unsigned char> flags = stream_;
+  flags[32 + 8] |= 0x80;
+  ExpectRefused(flags, to_, StatusCode::kParseError, "block 0 has unknown flags 0x");
+  std::vector<unsigned char> reserved = stream_;
+  reserved[32 + 48] = 1;
+  ExpectRefused(reserved, to_, StatusCode::kParseError,
+                "block 0 has reserved field 0x1: expected 0");
+}
+
+// Headers that parse but describe a block of another pool, kind, size or origin than the
+// destination group's: each difference is named on its own, before anything is written.
+TEST_F(RefusalTest, EachGeometryMismatchIsNamed) {
+  const std::vector<StreamBlock> parsed = ParseBlockStreamHeaders(stream_).value();
+  const auto refused = [&](void (*edit)(StreamBlock&), const std::string& what) {
+    std::vector<StreamBlock> bad = parsed;
+    edit(bad[0]);
+    const Status s = ImportBlocksVerifying(dst_view_, bad, to_);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << what;
+    EXPECT_NE(s.message().find("block 0 of group"), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find(what), std::string::npos) << s.message();
+    EXPECT_TRUE(dst_.bytes == before_) << what;
+  };
+  refused([](StreamBlock& b) { ++b.pool; }, "the group's blocks are of pool");
+  refused([](StreamBlock& b) { b.checkpoint = !b.checkpoint; },
+          parsed[0].checkpoint ? "it holds tokens" : "it is a state checkpoint");
+  refused([](StreamBlock& b) { b.image = b.image.first(b.image.size() - 1); },
+          "image bytes, the group's blocks have");
+  refused([](StreamBlock& b) { b.fingerprint ^= 1; }, "other layers or tensor shapes");
+}
+
 TEST_F(RefusalTest, BadExportsAreRefusedAndWriteNothing) {
   std::vector<unsigned char> out(stream_.size(), 0xAB);
   const std::vector<unsigned char> untouched = out;

@@ -2,6 +2,8 @@
 // damaged, shortened, deleted or made unreadable behind its back, and write failures.
 #include <filesystem>
 #include <fstream>
+#include <string>
+#include <utility>
 
 #include <gtest/gtest.h>
 
@@ -100,6 +102,27 @@ TEST(DiskTierTest, AFileOfAnotherKeyIsAMiss) {
   EXPECT_EQ(tier.Get(K(1)).status().code(), StatusCode::kNotFound);
   EXPECT_EQ(tier.corruptions_detected(), 1);
   EXPECT_EQ(*tier.Get(K(3)), Bytes(64, 3));
+}
+
+// A header field damaged: the miss names that field (magic, version, key or length; the
+// checksum covers the rest).
+TEST(DiskTierTest, EachDamagedHeaderFieldIsNamed) {
+  testing::ScopedTempDir tmp;
+  DiskTier tier = MustOpen(tmp.path(), 1000);
+  const std::pair<uint64_t, std::string> fields[] = {
+      {0, "is not a disk tier file"},
+      {8, "is a version 33 disk tier file"},
+      {12, "holds another key's entry"},
+      {16, "holds another key's entry"},
+      {32, "says 96 payload bytes, the entry has 64"}};
+  for (const auto& [at, what] : fields) {
+    ASSERT_TRUE(tier.Put(K(1), Bytes(64, 1)).ok());
+    testing::DamageFile(tier.PathOf(K(1)), testing::Damage::kFlipByte, at);
+    const Result<std::vector<unsigned char>> got = tier.Get(K(1));
+    ASSERT_FALSE(got.ok()) << what;
+    EXPECT_EQ(got.status().code(), StatusCode::kNotFound);
+    EXPECT_NE(got.status().message().find(what), std::string::npos) << got.status().message();
+  }
 }
 
 TEST(DiskTierTest, AnUnreadableFileIsAMiss) {

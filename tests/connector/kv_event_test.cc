@@ -195,10 +195,16 @@ TEST(KvEventTest, SubscribersGetNumberedBatchesAndCanReplayWhatTheyMissed) {
 TEST(KvEventTest, BadEndpointsAreRefusedByName) {
   KvEventPublisherOptions o;
   o.endpoint = "";
-  EXPECT_EQ(KvEventPublisher::Bind(o, kGroups).status().code(), StatusCode::kInvalidArgument);
+  const Status no_endpoint = KvEventPublisher::Bind(o, kGroups).status();
+  EXPECT_EQ(no_endpoint.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(no_endpoint.message().find("the endpoint is empty"), std::string::npos)
+      << no_endpoint.ToString();
   o.endpoint = "tcp://127.0.0.1:*";
   o.topic = "";
-  EXPECT_EQ(KvEventPublisher::Bind(o, kGroups).status().code(), StatusCode::kInvalidArgument);
+  const Status no_topic = KvEventPublisher::Bind(o, kGroups).status();
+  EXPECT_EQ(no_topic.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(no_topic.message().find("the topic is empty"), std::string::npos)
+      << no_topic.ToString();
   o.topic = "kv-events";
   o.endpoint = "bogus://nowhere";
   const Status s = KvEventPublisher::Bind(o, kGroups).status();

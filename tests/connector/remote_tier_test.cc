@@ -3,6 +3,7 @@
 // quickly and a restarted one is reconnected to, bad options are refused by name.
 #include <chrono>
 #include <string>
+#include <utility>
 
 #include <gtest/gtest.h>
 #include <hiredis/hiredis.h>
@@ -111,8 +112,31 @@ TEST(RemoteTierTest, DamagedValuesOnTheServerAreMissesNeverWrongBytes) {
   }
   // Key 2's intact value under key 1's name: another key's value.
   raw.Set(tier->ServerKey(K(1)), other);
-  EXPECT_EQ(tier->Get(K(1)).status().code(), StatusCode::kNotFound);
+  const auto foreign = tier->Get(K(1));
+  EXPECT_EQ(foreign.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(foreign.status().message().find("another key's value"), std::string::npos)
+      << foreign.status().message();
   ++expected;
+  // Key 1's own value, each header field damaged in turn, names that field (48-byte header:
+  // magic, version at 8, key, length at 32).
+  ASSERT_TRUE(tier->Put(K(1), payload).ok());
+  const std::string own = raw.Get(tier->ServerKey(K(1)));
+  ASSERT_EQ(own.size(), 48u + 300u);
+  const std::pair<std::string, std::string> named[] = {
+      {own.substr(0, 200), "a truncated value: its header says 300 payload bytes, it has 152"},
+      {own + "x", "a padded value: its header says 300 payload bytes, it has 301"},
+      {std::string(1, static_cast<char>(own[0] ^ 0x10)) + own.substr(1), "not a remote tier value"},
+      {own.substr(0, 8) + static_cast<char>(own[8] ^ 0x02) + own.substr(9),
+       "a version 3 value; expected version 1"},
+  };
+  for (const auto& [value, what] : named) {
+    ASSERT_TRUE(tier->Put(K(1), payload).ok());
+    raw.Set(tier->ServerKey(K(1)), value);
+    const auto got = tier->Get(K(1));
+    ++expected;
+    EXPECT_EQ(got.status().code(), StatusCode::kNotFound) << what;
+    EXPECT_NE(got.status().message().find(what), std::string::npos) << got.status().message();
+  }
   EXPECT_EQ(tier->corruptions_detected(), expected);
   EXPECT_EQ(tier->Get(K(2)).value(), payload);
 }
@@ -147,19 +171,30 @@ TEST(RemoteTierTest, AKilledServerFailsFastAndARestartedOneIsReconnected) {
 }
 
 TEST(RemoteTierTest, BadOptionsAndUnreachableServersAreRefusedByName) {
+  const auto refused = [](const RemoteTierOptions& o, const std::string& what) {
+    const Status s = RemoteTier::Connect(o).status();
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << what;
+    EXPECT_NE(s.message().find(what), std::string::npos) << s.message();
+  };
   RemoteTierOptions o;
   o.host = "";
-  EXPECT_EQ(RemoteTier::Connect(o).status().code(), StatusCode::kInvalidArgument);
+  refused(o, "host is empty");
   o = RemoteTierOptions{};
   o.port = 70000;
-  EXPECT_EQ(RemoteTier::Connect(o).status().code(), StatusCode::kInvalidArgument);
+  refused(o, "port 70000: expected 1..65535");
   o = SharedRedisServer().Options("a:b");
-  EXPECT_EQ(RemoteTier::Connect(o).status().code(), StatusCode::kInvalidArgument);
+  refused(o, "namespace 'a:b' contains ':'");
   o = SharedRedisServer().Options("");
-  EXPECT_EQ(RemoteTier::Connect(o).status().code(), StatusCode::kInvalidArgument);
+  refused(o, "namespace is empty");
   o = SharedRedisServer().Options("ok");
   o.timeout_ms = 0;
-  EXPECT_EQ(RemoteTier::Connect(o).status().code(), StatusCode::kInvalidArgument);
+  refused(o, "timeout 0 ms: expected >= 1");
+  o = SharedRedisServer().Options("ok");
+  o.retry_after_ms = -1;
+  refused(o, "retry interval -1 ms: expected >= 0");
+  o = SharedRedisServer().Options("ok");
+  o.capacity_bytes = -5;
+  refused(o, "capacity -5 bytes: expected >= 0");
   // Nothing listens there (a server started and killed).
   RedisServer dead;
   ASSERT_TRUE(dead.Start().ok());

@@ -121,15 +121,38 @@ TEST(TierConnectorTest, AMissOrAForeignStreamFailsTheJobAndWritesNothingWrong) {
 
   // The second block's entry now holds the first block's stream: a valid stream, wrong key.
   const std::vector<unsigned char> first = host.Get(loads[0].key).value();
-  ASSERT_TRUE(host.Evict(loads[1].key).ok());
-  ASSERT_TRUE(host.Put(loads[1].key, first).ok());
-  ASSERT_TRUE(b.connector->StartLoad(1, loads).ok());
-  EXPECT_EQ(b.connector->Wait(1), TierConnector::LoadState::kFailed);
-  EXPECT_NE(b.connector->last_failure().find("identity"), std::string::npos)
-      << b.connector->last_failure();
-  EXPECT_EQ(Image(b.view, loads[1].group, loads[1].block), before);
+  const std::vector<unsigned char> second = host.Get(loads[1].key).value();
+  const auto fails = [&](const std::vector<unsigned char>& stream, const std::string& what) {
+    ASSERT_TRUE(host.Evict(loads[1].key).ok());
+    ASSERT_TRUE(host.Put(loads[1].key, stream).ok());
+    ASSERT_TRUE(b.connector->StartLoad(1, loads).ok());
+    EXPECT_EQ(b.connector->Wait(1), TierConnector::LoadState::kFailed) << what;
+    EXPECT_NE(b.connector->last_failure().find(what), std::string::npos)
+        << b.connector->last_failure();
+    EXPECT_EQ(Image(b.view, loads[1].group, loads[1].block), before) << what;
+    b.connector->Forget(1);
+  };
+  fails(first, "holds a block of another identity");
   EXPECT_EQ(b.connector->stats().loads_failed, 1);
-  b.connector->Forget(1);
+  // The right block's stream edited in its headers (the identity is checked before any
+  // checksum): stream header 32 bytes, then the block's: group at +4, flags at +8.
+  std::vector<unsigned char> twice = second;
+  twice.insert(twice.end(), second.begin() + 32, second.end());
+  twice[12] = 2;               // the block count
+  for (int i = 0; i < 8; ++i)  // the stream's length
+    twice[16 + i] = static_cast<unsigned char>(twice.size() >> (8 * i));
+  fails(twice, "holds 2 blocks; expected one");
+  std::vector<unsigned char> keyless = second;
+  keyless[32 + 8] &= static_cast<unsigned char>(~1u);
+  fails(keyless, "holds a block without a prefix identity");
+  std::vector<unsigned char> other_group = second;
+  other_group[32 + 4] = 77;
+  fails(other_group, "holds a block of group 77");
+  std::vector<unsigned char> other_kind = second;
+  other_kind[32 + 8] ^= 2u;
+  fails(other_kind, "holds a state checkpoint; expected a block of tokens");
+  ASSERT_TRUE(host.Evict(loads[1].key).ok());
+  ASSERT_TRUE(host.Put(loads[1].key, second).ok());
 
   // A miss: the entry is gone.
   ASSERT_TRUE(host.Evict(loads[1].key).ok());
@@ -152,18 +175,26 @@ TEST(TierConnectorTest, BadCallsAreRefusedByName) {
             StatusCode::kInvalidArgument);
   auto c = TierConnector::Create(view, {&host}).value();
   EXPECT_EQ(c->StartLoad(1, {}).code(), StatusCode::kInvalidArgument);
+  const auto refused = [](const Status& s, const std::string& what) {
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << what;
+    EXPECT_NE(s.message().find(what), std::string::npos) << s.message();
+  };
   const BlockLoad bad_block{0, view.group(0).pool, 1 << 30, {}, false};
-  const Status s = c->StartLoad(1, {&bad_block, 1});
-  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("block"), std::string::npos);
+  refused(c->StartLoad(1, {&bad_block, 1}), "load into block 1073741824 of group 0: outside pool");
   const BlockLoad bad_group{99, 0, 1, {}, false};
-  EXPECT_EQ(c->StartLoad(1, {&bad_group, 1}).code(), StatusCode::kInvalidArgument);
+  refused(c->StartLoad(1, {&bad_group, 1}), "names group 99; the memory view has");
+  const BlockLoad bad_pool{0, view.num_pools(), 1, {}, false};
+  refused(c->StartLoad(1, {&bad_pool, 1}),
+          "names pool " + std::to_string(view.num_pools()) + "; the group's blocks are of pool");
   EXPECT_FALSE(c->HasJob(1));
   // A bad stored event stores nothing, not even the good events before it.
   ManagerEvent good{KvEvent::Kind::kStored, view.group(0).pool, 0, BlockHash{1, 2}, 1};
   ManagerEvent bad{KvEvent::Kind::kStored, 0, 42, BlockHash{3, 4}, 1};
-  const std::vector<ManagerEvent> events = {good, bad};
-  EXPECT_EQ(c->Store(events).code(), StatusCode::kInvalidArgument);
+  refused(c->Store(std::vector<ManagerEvent>{good, bad}),
+          "stored event for block 1 names group 42");
+  ManagerEvent outside{KvEvent::Kind::kStored, view.group(0).pool, 0, BlockHash{3, 4}, 1 << 30};
+  refused(c->Store(std::vector<ManagerEvent>{good, outside}),
+          "stored event for block 1073741824 of group 0: outside pool");
   EXPECT_EQ(host.used_bytes(), 0);
   EXPECT_EQ(c->stats().blocks_stored, 0);
 }

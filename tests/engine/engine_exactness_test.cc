@@ -7,8 +7,10 @@
 
 #include <gtest/gtest.h>
 
+#include <hkv/engine/engine.h>
 #include <hkv/engine/paged_kv_cache.h>
 #include <hkv/engine/transformer.h>
+#include <hkv/engine/verify.h>
 #include <hkv/manager/kv_cache_manager.h>
 #include <hkv/plan/plan.h>
 #include <hkv/spec/config_loader.h>
@@ -86,6 +88,120 @@ TEST(TinyModel, KeepsThePatternAndScalesSpans) {
   EXPECT_EQ(tiny->layers[0].window, 10);
   EXPECT_EQ(tiny->layers[0].kv_dtype, DType::kFP32);
   EXPECT_EQ(tiny->hidden_size, 64);
+}
+
+// Each option below its minimum is refused with that option's name and value.
+TEST(TinyModel, RefusesEachBadOptionByName) {
+  const LoadOptions load{DType::kFP32, DType::kFP32, DType::kFP32};
+  auto llama = LoadModelConfig(std::string(HKV_MODELS_DIR) + "/meta-llama--Llama-3.1-8B", load);
+  ASSERT_TRUE(llama.ok());
+  const auto refused = [&](void (*edit)(TinyModelOptions&), const std::string& what) {
+    TinyModelOptions o;
+    edit(o);
+    const Status s = ScaleModel(*llama, o).status();
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << what;
+    EXPECT_NE(s.message().find("tiny model: " + what), std::string::npos) << s.message();
+  };
+  refused([](TinyModelOptions& o) { o.max_layers = 0; }, "max_layers = 0: expected >= 1");
+  refused([](TinyModelOptions& o) { o.hidden = 4; }, "hidden = 4: expected >= 8");
+  refused([](TinyModelOptions& o) { o.kv_heads = 0; }, "kv_heads = 0: expected >= 1");
+  refused([](TinyModelOptions& o) { o.q_per_kv = 0; }, "q_per_kv = 0: expected >= 1");
+  refused([](TinyModelOptions& o) { o.head_dim = 2; }, "head_dim = 2: expected >= 4");
+  refused([](TinyModelOptions& o) { o.head_dim = 18; }, "head_dim = 18: expected a multiple of 4");
+  refused([](TinyModelOptions& o) { o.window = 0; }, "window = 0: expected >= 1");
+  refused([](TinyModelOptions& o) { o.chunk = -1; }, "chunk = -1: expected >= 1");
+  refused([](TinyModelOptions& o) { o.vocab = 1; }, "vocab = 1: expected >= 2");
+  refused([](TinyModelOptions& o) { o.encoder_tokens = 0; }, "encoder_tokens = 0: expected >= 1");
+}
+
+TEST(RunVerify, RefusesEachBadOptionByName) {
+  const LoadOptions load{DType::kFP32, DType::kFP32, DType::kFP32};
+  auto llama = LoadModelConfig(std::string(HKV_MODELS_DIR) + "/meta-llama--Llama-3.1-8B", load);
+  ASSERT_TRUE(llama.ok());
+  VerifyOptions o;
+  o.requests = 0;
+  Status s = RunVerify(*llama, o).status();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("verify: requests = 0: expected >= 1"), std::string::npos)
+      << s.message();
+  o = {};
+  o.max_steps = 0;
+  s = RunVerify(*llama, o).status();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("verify: max_steps = 0: expected >= 1"), std::string::npos)
+      << s.message();
+}
+
+// An engine over scaled Llama: refusals name the one option or request field that failed, and
+// leave the engine as it was.
+class EngineRefusals : public ::testing::Test {
+ protected:
+  EngineRefusals()
+      : spec_(testing::LoadScaled("meta-llama--Llama-3.1-8B")),
+        weights_(ModelWeights::Random(spec_, 97, 1)),
+        plan_(MakePlan(spec_, SmallPlan()).value()),
+        config_(ManagerConfig::FromPlan(plan_).value()) {}
+  static PlanOptions SmallPlan() {
+    PlanOptions po;
+    po.memory_bytes = int64_t{1} << 20;
+    po.block_tokens = 4;
+    po.max_model_len = 128;
+    return po;
+  }
+  void ExpectRefused(const Status& s, const std::string& what) {
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << what;
+    EXPECT_NE(s.message().find(what), std::string::npos) << s.message();
+  }
+  ModelSpec spec_;
+  ModelWeights weights_;
+  Plan plan_;
+  ManagerConfig config_;
+};
+
+TEST_F(EngineRefusals, EachBadOptionIsNamed) {
+  const auto refused = [&](void (*edit)(EngineOptions&), const std::string& what) {
+    EngineOptions o;
+    edit(o);
+    ExpectRefused(Engine::Create(spec_, weights_, plan_, config_, o).status(), what);
+  };
+  refused([](EngineOptions& o) { o.token_budget = 0; }, "engine: token budget 0: expected >= 1");
+  refused([](EngineOptions& o) { o.chunk = 0; }, "engine: chunk 0: expected >= 1");
+  refused([](EngineOptions& o) { o.draft_tokens = -1; }, "engine: draft tokens -1: expected >= 0");
+  refused([](EngineOptions& o) { o.lookahead = -1; }, "engine: lookahead -1: expected >= 0");
+}
+
+TEST_F(EngineRefusals, EachBadRequestFieldIsNamed) {
+  auto engine = Engine::Create(spec_, weights_, plan_, config_, {}).value();
+  GenerationRequest r;
+  r.id = 3;
+  r.prompt = {};
+  ExpectRefused(engine->Submit(r), "engine: request 3: prompt is empty");
+  r.prompt = {1, 2};
+  r.max_new_tokens = 0;
+  ExpectRefused(engine->Submit(r), "engine: request 3: max_new_tokens = 0: expected >= 1");
+  r.max_new_tokens = 4;
+  r.num_samples = 0;
+  ExpectRefused(engine->Submit(r), "engine: request 3: num_samples = 0: expected >= 1");
+  r.id = UINT64_MAX;  // its sibling's id would wrap around to 0
+  r.num_samples = 2;
+  ExpectRefused(engine->Submit(r), "num_samples = 2: the sibling ids run past the largest");
+  EXPECT_TRUE(engine->idle());
+  // Overlapping ids name the request they clash with, queued or already running.
+  r.id = 10;
+  r.num_samples = 3;  // ids 10, 11, 12
+  ASSERT_TRUE(engine->Submit(r).ok());
+  GenerationRequest other = r;
+  other.id = 12;
+  other.num_samples = 1;
+  ExpectRefused(engine->Submit(other), "request ids 12..12 overlap those of queued request 10");
+  ASSERT_TRUE(engine->Step().ok());
+  ASSERT_FALSE(engine->idle());
+  other.id = 8;
+  other.num_samples = 3;
+  ExpectRefused(engine->Submit(other), "request ids 8..10 overlap those of running request 10");
+  while (!engine->idle())
+    ASSERT_TRUE(engine->Step().ok());
+  EXPECT_EQ(engine->finished().size(), 3u);  // 10 and its two siblings: nothing else queued
 }
 
 }  // namespace

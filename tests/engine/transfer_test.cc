@@ -4,6 +4,7 @@
 // equals the dense reference; a truncated or damaged transfer costs a recomputation, never a wrong
 // output.
 #include <string>
+#include <utility>
 
 #include <gtest/gtest.h>
 #include <sys/socket.h>
@@ -227,12 +228,20 @@ TEST(TierTransfer, MessagesRoundTripAndRefuseDamageByName) {
   EXPECT_EQ(b.LruOrder(), a.LruOrder());
   for (const PrefixKey& k : a.LruOrder())
     EXPECT_EQ(b.Get(k).value(), a.Get(k).value());
-  // Damaged message header: nothing put.
+  // Damaged message header (magic, version, count under the checksum): nothing put, and the
+  // field that failed is named.
   HostTier c(1 << 20);
-  std::vector<unsigned char> bad = m;
-  bad[9] ^= 1;
-  EXPECT_EQ(DeserializeTierEntries(bad, c).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(c.used_bytes(), 0);
+  std::vector<unsigned char> bad;
+  for (const auto& [at, what] : {std::pair<size_t, std::string>{0, "the magic is wrong"},
+                                 {4, "version 3; expected version 1"},
+                                 {9, "its checksum fails"}}) {
+    bad = m;
+    bad[at] ^= 2;
+    const Status header = DeserializeTierEntries(bad, c).status();
+    EXPECT_EQ(header.code(), StatusCode::kInvalidArgument) << what;
+    EXPECT_NE(header.message().find(what), std::string::npos) << header.message();
+    EXPECT_EQ(c.used_bytes(), 0);
+  }
   // Damaged second entry header: the first one kept.
   bad = m;
   bad[24 + 40 + 100 + 3] ^= 1;

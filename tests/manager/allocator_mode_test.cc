@@ -185,9 +185,18 @@ TEST(AllocatorMode, UniformGivesEncoderTokensASlotInEveryLayer) {
   o.encoder_tokens = 100;
   EXPECT_EQ(Make(m, AllocatorMode::kUniform, o).config.max_encoder_tokens, 100);
   o.encoder_tokens = -2;
-  EXPECT_FALSE(MakeAllocator(m, AllocatorMode::kUniform, o).ok());
+  const Status negative = MakeAllocator(m, AllocatorMode::kUniform, o).status();
+  EXPECT_EQ(negative.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(negative.message().find("encoder_tokens -2: expected -1"), std::string::npos)
+      << negative.message();
   o.encoder_tokens = 100;
-  EXPECT_FALSE(MakeAllocator(Load("google--gemma-2-9b"), AllocatorMode::kPadded, o).ok());
+  const Status no_cross =
+      MakeAllocator(Load("google--gemma-2-9b"), AllocatorMode::kPadded, o).status();
+  EXPECT_EQ(no_cross.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(no_cross.message().find("encoder_tokens 100:"), std::string::npos)
+      << no_cross.message();
+  EXPECT_NE(no_cross.message().find("has no cross attention; expected -1 or 0"), std::string::npos)
+      << no_cross.message();
 }
 
 TEST(AllocatorMode, HybridKVFiguresEqualThePlansFootprint) {

@@ -87,20 +87,56 @@ TEST_F(BadInput, AllocateBeyondMaxModelLength) {
 }
 
 TEST_F(BadInput, HitsThatLookupCouldNotHaveReturned) {
-  Refused(StatusCode::kInvalidArgument, "not one Lookup could return", [&] {
-    return d_.m().Allocate(2, 1, PrefixHit{3, false});
+  Refused(StatusCode::kInvalidArgument,
+          "not one Lookup could return: tokens not a multiple of the alignment 4", [&] {
+            return d_.m().Allocate(2, 1, PrefixHit{3, false});
+          });
+  Refused(StatusCode::kInvalidArgument, "not one Lookup could return: negative tokens", [&] {
+    return d_.m().Allocate(2, 1, PrefixHit{-4, false});
   });
+  Refused(StatusCode::kInvalidArgument, "not one Lookup could return: negative loads", [&] {
+    return d_.m().Allocate(2, 1, PrefixHit{4, false, -1});
+  });
+  Refused(StatusCode::kInvalidArgument, "not one Lookup could return: loads without hit tokens",
+          [&] {
+            return d_.m().Allocate(2, 1, PrefixHit{0, false, 1});
+          });
   Refused(StatusCode::kFailedPrecondition, "went stale", [&] {
     return d_.m().Allocate(2, 1, PrefixHit{8, false});
   });  // prompt is 6
-  Refused(StatusCode::kInvalidArgument, "encoder hit", [&] {
-    return d_.m().Allocate(2, 1, PrefixHit{0, true});
-  });
+  Refused(StatusCode::kInvalidArgument, "encoder hit on a model without a cross-attention group",
+          [&] {
+            return d_.m().Allocate(2, 1, PrefixHit{0, true});
+          });
   Refused(StatusCode::kFailedPrecondition, "first Allocate", [&] {
     return d_.m().Allocate(1, 1, PrefixHit{4, false});
   });
   Refused(StatusCode::kFailedPrecondition, "already allocated",
           [&] { return d_.m().Lookup(1).status(); });
+}
+
+// Without prefix caching Lookup finds nothing: neither decoder tokens nor the encoder's blocks.
+TEST(BadInputWithoutPrefixCaching, HitsAreRefusedByWhatTheyClaim) {
+  ManagerConfig c = MakeConfig({32}, {Full(4), Encoder(4)}, 64);
+  c.enable_prefix_caching = false;
+  Driver d(c);
+  RequestSpec spec;
+  spec.id = 1;
+  const std::vector<int32_t> prompt = Seq(10);
+  spec.prompt = prompt;
+  spec.encoder_tokens = 8;
+  ASSERT_TRUE(d.m().AddRequest(spec).ok());
+  const std::vector<int32_t> free_before = d.m().FreeListOrder(0);
+  const auto refused = [&](const PrefixHit& hit, const std::string& what) {
+    const Status s = d.m().Allocate(1, 1, hit);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << what;
+    EXPECT_NE(s.message().find(what), std::string::npos) << s.message();
+    EXPECT_EQ(d.m().FreeListOrder(0), free_before);
+    EXPECT_EQ(d.m().NumComputed(1).value(), 0);
+    d.Check();
+  };
+  refused(PrefixHit{4, false}, "not one Lookup could return: hit tokens with prefix caching off");
+  refused(PrefixHit{0, true}, "encoder hit with prefix caching off");
 }
 
 TEST_F(BadInput, StaleHitIsRefusedAndNothingIsTaken) {
@@ -157,6 +193,10 @@ TEST_F(BadInput, MalformedRequests) {
   bad_item.items = {&outside, 1};
   Refused(StatusCode::kInvalidArgument, "outside the prompt",
           [&] { return m.AddRequest(bad_item); });
+  const PromptItem empty_item{{1, 1}, 2, 0};
+  bad_item.items = {&empty_item, 1};
+  Refused(StatusCode::kInvalidArgument, "item 0 has length 0: expected >= 1",
+          [&] { return m.AddRequest(bad_item); });
   RequestSpec encoder;
   encoder.id = 7;
   encoder.prompt = prompt;
@@ -181,6 +221,8 @@ TEST_F(BadInput, ViewsOfGroupsOutOfRangeOrOfTheWrongKind) {
           [&] { return m.State(2, 0).status(); });
   Refused(StatusCode::kInvalidArgument, "outside the reserved",
           [&] { return m.SlotMapping(2, 0, 4, 9, slots); });
+  Refused(StatusCode::kInvalidArgument, "positions [5, 3) of request 2 group 0: end before begin",
+          [&] { return m.SlotMapping(2, 0, 5, 3, slots); });
   EXPECT_TRUE(slots.empty());
   // Into a caller's buffer: its size must match the range; on error nothing is written.
   std::vector<int64_t> buffer(5, -7);

@@ -140,9 +140,14 @@ TEST(EvictTest, BadCallsChangeNothing) {
   refused(d.m().Evict(9, 0, 1, 0), StatusCode::kNotFound, "9");
   refused(d.m().Evict(1, 1, 1, 0), StatusCode::kInvalidArgument, "window");
   refused(d.m().Evict(1, 2, 1, 0), StatusCode::kInvalidArgument, "out of range");
-  refused(d.m().Evict(1, 0, 11, 0), StatusCode::kInvalidArgument, "keep 11");
-  refused(d.m().Evict(1, 0, 4, 5), StatusCode::kInvalidArgument, "5 unchanged");
-  refused(d.m().Evict(1, 0, -1, 0), StatusCode::kInvalidArgument, "keep -1");
+  refused(d.m().Evict(1, 0, 11, 0), StatusCode::kInvalidArgument,
+          "keep 11: expected 0 to the 10 slots");
+  refused(d.m().Evict(1, 0, 4, 5), StatusCode::kInvalidArgument,
+          "5 unchanged: expected 0 to keep (4)");
+  refused(d.m().Evict(1, 0, 4, -1), StatusCode::kInvalidArgument,
+          "-1 unchanged: expected 0 to keep (4)");
+  refused(d.m().Evict(1, 0, -1, 0), StatusCode::kInvalidArgument,
+          "keep -1: expected 0 to the 10 slots");
   ASSERT_TRUE(d.m().AppendTokens(1, std::vector<int32_t>{3}).ok());
   ASSERT_TRUE(d.m().Allocate(1, 1).ok());
   refused(d.m().Evict(1, 0, 4, 0), StatusCode::kFailedPrecondition, "open step");

@@ -38,6 +38,14 @@ TEST(ManagerConfig, ValidationNamesTheField) {
   ckpt.checkpoint_interval = 12;
   ExpectInvalid(ckpt, "checkpoint_interval 12");
   ExpectInvalid(MakeConfig({16}, {Full(1009), Window(8, 1013), Chunk(8, 1019)}), "lcm");
+  // Two-level memory: 3 slabs of 5 pages make a pool of 16 blocks.
+  ManagerConfig arena = MakeConfig({16}, {Full(4)});
+  arena.arena = {3, {5}};
+  EXPECT_TRUE(arena.Validate().ok()) << arena.Validate().ToString();
+  arena.arena.pages_per_slab = {0};
+  ExpectInvalid(arena, "arena.pages_per_slab[0] = 0: expected >= 1");
+  arena.arena.pages_per_slab = {4};
+  ExpectInvalid(arena, "pool 0 has 16 blocks: expected num_slabs * pages_per_slab + 1 = 13");
 }
 
 TEST(ManagerConfig, DerivedAlignment) {

@@ -448,6 +448,23 @@ class KeepsDescending final : public KvPolicy {
   void Scores(std::span<const int64_t>, std::vector<float>&) const override {}
 };
 
+// Breaks Select's contract: a slot past the last one.
+class KeepsOnePastTheEnd final : public KvPolicy {
+ public:
+  std::string_view name() const override { return "keeps_one_past_the_end"; }
+  std::unique_ptr<KvPolicy> Clone() const override {
+    return std::make_unique<KeepsOnePastTheEnd>(*this);
+  }
+  int32_t AttentionRows(const PolicyStep&) const override { return 0; }
+  void Observe(std::span<const int64_t>, const PolicyStep&, const AttentionFeedback&) override {}
+  void Select(std::span<const int64_t> positions, int64_t,
+              std::vector<int32_t>& keep) const override {
+    keep.push_back(static_cast<int32_t>(positions.size()));
+  }
+  void Compact(std::span<const int32_t>) override {}
+  void Scores(std::span<const int64_t>, std::vector<float>&) const override {}
+};
+
 TEST(SyntheticEvalTest, BadOptionsAreRefusedByName) {
   const auto refused = [](const std::function<void(SyntheticEvalOptions&)>& edit,
                           const std::string& what) {
@@ -477,7 +494,17 @@ TEST(SyntheticEvalTest, BadOptionsAreRefusedByName) {
   refused([](auto& o) { o.policies.clear(); }, "policies");
   refused([](auto& o) { o.budgets.clear(); }, "budgets");
   refused([](auto& o) { o.policies = {{.kind = PolicyKind::kSnapKv, .kernel = 4}}; }, "kernel = 4");
-  refused([](auto& o) { o.prompt_len = int64_t{1} << 27; }, "floats");
+  refused([](auto& o) { o.prompt_len = int64_t{1} << 27; }, "floats of queries and keys");
+  // Narrow heads, long chunks: queries and keys fit, the per-step logits do not.
+  refused(
+      [](auto& o) {
+        o.num_kv_heads = 1;
+        o.group = 1;
+        o.head_dim = 1;
+        o.prompt_len = int64_t{1} << 15;
+        o.chunk = int64_t{1} << 15;
+      },
+      "floats of step logits");
   refused(
       [](auto& o) {
         o.make_policy = [](const PolicyConfig&) -> Result<std::unique_ptr<KvPolicy>> {
@@ -493,6 +520,13 @@ TEST(SyntheticEvalTest, BadOptionsAreRefusedByName) {
         };
       },
       "expected ascending slots");
+  refused(
+      [](auto& o) {
+        o.make_policy = [](const PolicyConfig&) -> Result<std::unique_ptr<KvPolicy>> {
+          return std::unique_ptr<KvPolicy>(std::make_unique<KeepsOnePastTheEnd>());
+        };
+      },
+      "expected a slot in [0, ");
 }
 
 }  // namespace

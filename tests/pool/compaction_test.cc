@@ -319,13 +319,21 @@ TEST(CompactionTest, CompactRejectsBadPlansAndChangesNothing) {
       {"a held page left behind", with({}, {victim}), "but 0 move(s)"},
       {"source outside the listed slabs", with({{0, src, dst}}, {}), "is not listed"},
       {"slab listed twice", with({{0, src, dst}}, {victim, victim}), "listed twice"},
-      {"unowned slab", with({}, {9}), "not owned"},
-      {"held destination", with({{0, src, held_elsewhere}}, {victim}), "destination free"},
+      {"slab out of range", with({}, {9}), "slab 9: expected 0 to 3"},
+      {"held destination", with({{0, src, held_elsewhere}}, {victim}), "destination is held"},
+      {"free source", with({{0, in_victim, dst}}, {victim}), "the source is free"},
       {"destination of another class", with({{1, 3 * 1 + 1, 1}}, {3}), "not owned by the pool"},
+      {"source in another class's slab", with({{1, victim + 1, 1}}, {victim}),
+       "is not owned by pool 1"},
       {"pool out of range", with({{5, src, dst}}, {victim}), "pool 5"},
-      {"block out of range", with({{0, src, 99}}, {victim}), "blocks are 1 to"},
+      {"source out of range", with({{0, 99, dst}}, {victim}), "source 99: blocks are 1 to"},
+      {"destination out of range", with({{0, src, 99}}, {victim}),
+       "destination 99: blocks are 1 to"},
+      {"source moved twice", with({{0, src, dst}, {0, src, good.moves[1].dst}}, {victim}),
+       "source page is already moved away"},
       {"destination filled twice",
-       with({{0, src, dst}, {0, good.moves[1].src, dst}}, {victim, good.slabs[1]}), "twice"},
+       with({{0, src, dst}, {0, good.moves[1].src, dst}}, {victim, good.slabs[1]}),
+       "destination page is already filled"},
   };
   const PoolState before0(m.pools[0]), before1(m.pools[1]);
   for (const Case& c : cases) {
@@ -338,15 +346,39 @@ TEST(CompactionTest, CompactRejectsBadPlansAndChangesNothing) {
     m.Check();  // the validation's marks are clear again
   }
   CompactionPlan out;
-  EXPECT_EQ(m.arena.PlanCompaction(m.pools, 2, 1, out).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(m.arena.PlanCompaction(m.pools, 0, -1, out).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(m.arena.PlanCompaction(std::span<const BlockPool>(m.pools).first(1), 0, 1, out).code(),
-            StatusCode::kInvalidArgument);
+  const auto refused = [&](std::span<const BlockPool> pools, int32_t pool, int64_t max_slabs,
+                           const std::string& what) {
+    const Status s = m.arena.PlanCompaction(pools, pool, max_slabs, out);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << what;
+    EXPECT_NE(s.message().find(what), std::string::npos) << s.message();
+  };
+  refused(m.pools, 2, 1, "class 2: expected 0 to 1");
+  refused(m.pools, 0, -1, "at most -1 slabs: expected a limit >= 0");
+  refused(std::span<const BlockPool>(m.pools).first(1), 0, 1, "1 pools for 2 classes");
+  // Pools of another arena: other slab counts, other page counts.
+  const Memory fewer_slabs(3, {4, 1}), other_pages(4, {2, 1});
+  refused(fewer_slabs.pools, 0, 1, "pool 0 has 3 segments; expected this arena's 4 slabs");
+  refused(other_pages.pools, 0, 1, "pool 0 has 2 blocks per segment; expected the 4 pages");
   EXPECT_TRUE(out.moves.empty());
   // The good plan still applies.
   ASSERT_TRUE(m.arena.Compact(m.pools, good).ok());
   m.Check();
   EXPECT_EQ(m.arena.owner(victim), -1);
+}
+
+TEST(CompactionTest, CompactRefusesASlabNoClassOwns) {
+  Memory m(3, {4});
+  ASSERT_TRUE(m.Take({4}).ok());  // one slab; the other two are unassigned
+  const int32_t unowned = m.arena.owner(0) < 0 ? 0 : (m.arena.owner(1) < 0 ? 1 : 2);
+  ASSERT_LT(m.arena.owner(unowned), 0);
+  CompactionPlan plan;
+  plan.slabs = {unowned};
+  const Status s = m.arena.Compact(m.pools, plan);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("slab " + std::to_string(unowned) + " is not owned by any class"),
+            std::string::npos)
+      << s.message();
+  m.Check();
 }
 
 // Random allocation, frees (every other page, random subsets, everything), publication and

@@ -45,7 +45,14 @@ TEST(SlabArenaTest, RejectsBadShapes) {
   EXPECT_EQ(SlabArena::Create(0, ok).status().code(), StatusCode::kInvalidArgument);
   const std::vector<int32_t> zero = {4, 0};
   const Status s = SlabArena::Create(3, zero).status();
-  EXPECT_NE(s.message().find("class 1 has 0 pages per slab"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("class 1 has 0 pages per slab; expected >= 1"), std::string::npos)
+      << s.message();
+  const std::vector<int32_t> large = {1 << 12};
+  const Status too_many = SlabArena::Create(int64_t{1} << 19, large).status();
+  EXPECT_EQ(too_many.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(too_many.message().find("2147483648 pages over 524288 slabs; expected at most"),
+            std::string::npos)
+      << too_many.message();
   EXPECT_EQ(SlabArena::Create(3, {}).status().code(), StatusCode::kInvalidArgument);
   Memory m(3, {4, 2});
   EXPECT_EQ(m.arena.Reserve(m.pools, std::vector<int64_t>{1}).code(), StatusCode::kInvalidArgument);
@@ -196,10 +203,16 @@ TEST(SlabArenaTest, KeptBlocksHoldTheirSlab) {
   ASSERT_TRUE(m.pools[1].Allocate(1, b.emplace_back()).ok());
   EXPECT_EQ(m.arena.Reserve(m.pools, std::vector<int64_t>{0, 1}, keep).code(),
             StatusCode::kResourceExhausted);
-  const std::vector<PoolBlock> bad = {{0, 99}};
-  EXPECT_EQ(m.arena.Reserve(m.pools, std::vector<int64_t>{0, 0}, bad).code(),
-            StatusCode::kInvalidArgument);
-  m.Check();
+  const auto refused = [&](PoolBlock kept, const std::string& what) {
+    const std::vector<PoolBlock> bad = {kept};
+    const Status s = m.arena.Reserve(m.pools, std::vector<int64_t>{0, 0}, bad);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << what;
+    EXPECT_NE(s.message().find(what), std::string::npos) << s.message();
+    m.Check();
+  };
+  refused({0, 99}, "kept block 99 of pool 0: expected 1 to 2");
+  refused({0, 0}, "kept block 0 of pool 0: expected 1 to 2");
+  refused({2, 1}, "kept block 1 names pool 2: expected 0 to 1");
 }
 
 // A kept block in a slab its pool does not own (dormant there, or owned by another class) is
@@ -311,8 +324,15 @@ TEST(SlabArenaTest, AdversarialPatternsKeepInvariantsAndBoundStrandedPages) {
 }
 
 TEST(SlabArenaTest, SegmentCallsRejectWrongArgumentsAndChangeNothing) {
-  EXPECT_EQ(BlockPool::CreateSegmented(0, 4, std::make_shared<uint64_t>(0)).status().code(),
-            StatusCode::kInvalidArgument);
+  const auto refused = [](int32_t segments, int32_t blocks, const std::string& what) {
+    const Status s =
+        BlockPool::CreateSegmented(segments, blocks, std::make_shared<uint64_t>(0)).status();
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << what;
+    EXPECT_NE(s.message().find(what), std::string::npos) << s.message();
+  };
+  refused(0, 4, "0 segments: expected >= 1");
+  refused(2, 0, "0 blocks per segment: expected >= 1");
+  refused(1 << 16, 1 << 15, "2147483648 blocks; expected at most 2^31 - 2");
   EXPECT_EQ(BlockPool::CreateSegmented(2, 4, nullptr).status().code(),
             StatusCode::kInvalidArgument);
   BlockPool p = BlockPool::CreateSegmented(2, 4, std::make_shared<uint64_t>(0)).value();

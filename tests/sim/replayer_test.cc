@@ -135,8 +135,19 @@ TEST(Replayer, RejectsBadOptionsAndOversizedPrompts) {
   const Trace trace{Request(0, 0, std::vector<int32_t>(70, 1), {1})};
   EXPECT_EQ(Replay(trace, FullAttention(100), Options(16)).status().code(),
             StatusCode::kInvalidArgument);  // 70 tokens > max model len 64
-  ReplayOptions o = Options(0);
-  EXPECT_EQ(Replay({}, FullAttention(100), o).status().code(), StatusCode::kInvalidArgument);
+  // Each option below its minimum is named on its own.
+  const auto bad_option = [](void (*edit)(ReplayOptions&), const std::string& what) {
+    ReplayOptions o = Options(16);
+    edit(o);
+    const auto r = Replay({}, FullAttention(100), o);
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << what;
+    EXPECT_NE(r.status().message().find(what), std::string::npos) << r.status().message();
+  };
+  bad_option([](ReplayOptions& o) { o.token_budget = 0; }, "token_budget = 0: expected >= 1");
+  bad_option([](ReplayOptions& o) { o.max_running = 0; }, "max_running = 0: expected >= 1");
+  bad_option([](ReplayOptions& o) { o.max_model_len = 1; }, "max_model_len = 1: expected >= 2");
+  bad_option([](ReplayOptions& o) { o.vocab = 0; }, "vocab = 0: expected >= 1");
+  ReplayOptions o;
   o = Options(16);
   o.max_model_len = 128;  // beyond what the manager allows
   EXPECT_EQ(Replay({}, FullAttention(100), o).status().code(), StatusCode::kInvalidArgument);
@@ -150,7 +161,10 @@ TEST(Replayer, RejectsBadOptionsAndOversizedPrompts) {
   refused({Request(0, 0, {}, {1})}, "0-token prompt");
   TraceRequest short_output = Request(0, 0, {1, 2}, {7, 8});
   short_output.output_len = 3;
-  refused({short_output}, "output_len 3 with 2 output tokens");
+  refused({short_output}, "output_len 3 with 2 output tokens: expected as many tokens");
+  TraceRequest negative_output = Request(0, 0, {1, 2}, {});
+  negative_output.output_len = -1;
+  refused({negative_output}, "output_len -1: expected >= 0");
   refused({Request(0, 5, {1, 2}, {3}), Request(1, 4, {1, 2}, {3})}, "arrival step 4");
 }
 

@@ -112,11 +112,23 @@ TEST(TraceGeneratorTest, RejectsBadOptionsByName) {
   rejected([](TraceGenOptions& o) { o.num_requests = -1; }, "requests = -1");
   rejected([](TraceGenOptions& o) { o.session_gap = -2; }, "session_gap");
   rejected([](TraceGenOptions& o) { o.max_turns = 0; }, "max_turns = 0");
-  rejected([](TraceGenOptions& o) { o.system_prompt_share = 1.5; }, "system_prompt_share");
-  rejected([](TraceGenOptions& o) { o.output_min = 0; }, "output_len");
+  rejected([](TraceGenOptions& o) { o.system_prompt_share = 1.5; },
+           "system_prompt_share = 1.5: expected a share in [0, 1]");
+  rejected([](TraceGenOptions& o) { o.num_system_prompts = -1; },
+           "system_prompts = -1: expected >= 0");
+  rejected([](TraceGenOptions& o) { o.output_min = 0; }, "output_len: range [0, ");
+  rejected([](TraceGenOptions& o) { o.output_min = 0; }, "min 0: expected >= 1");
   rejected([](TraceGenOptions& o) { o.first_message_max = 10; }, "first_message_len");
+  rejected(
+      [](TraceGenOptions& o) {
+        o.first_message_min = 20;
+        o.first_message_max = 10;
+      },
+      "max 10: expected >= min 20");
   rejected([](TraceGenOptions& o) { o.max_prompt_tokens = 10; }, "max_prompt_tokens");
-  rejected([](TraceGenOptions& o) { o.vocab_size = 0; }, "vocab_size");
+  rejected([](TraceGenOptions& o) { o.prefill_tokens_per_step = 0; },
+           "prefill_tokens_per_step = 0: expected >= 1");
+  rejected([](TraceGenOptions& o) { o.vocab_size = 0; }, "vocab_size = 0: expected >= 1");
 }
 
 TEST(TraceGeneratorTest, ZeroRequestsIsAnEmptyTrace) {

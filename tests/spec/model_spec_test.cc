@@ -67,6 +67,31 @@ TEST(ModelSpecTest, RejectsBrokenInvariants) {
   }
   {
     ModelSpec m = Valid();
+    m.num_layers = ModelSpec::kMaxLayers + 1;
+    ExpectInvalid(m, "num_layers = 65537: expected 1 to 65536 layers");
+  }
+  {
+    ModelSpec m = Valid();
+    m.layers.resize(2 * static_cast<size_t>(ModelSpec::kMaxLayers) + 1, m.layers[0]);
+    ExpectInvalid(m, "131073 layer specs: expected at most two per layer");
+  }
+  {
+    ModelSpec m = Valid();
+    m.layers[2].num_kv_heads = 0;
+    ExpectInvalid(m, "num_kv_heads = 0: expected positive heads");
+  }
+  {
+    ModelSpec m = Valid();
+    m.layers[2].head_dim_k = ModelSpec::kMaxWidth + 1;
+    ExpectInvalid(m, "head_dim_k = 1048577: expected a positive width, at most 2^20");
+  }
+  {
+    ModelSpec m = Valid();
+    m.layers[2].head_dim_v = -1;
+    ExpectInvalid(m, "head_dim_v = -1: expected a non-negative width");
+  }
+  {
+    ModelSpec m = Valid();
     m.layers[2].num_kv_heads = 3;
     ExpectInvalid(m, "does not divide num_q_heads");
   }

@@ -154,6 +154,23 @@ TEST(VllmConfig, ChunkedLocalPagesAndMixedBlockSizes) {
       << mixed.status().message();
 }
 
+TEST(VllmConfig, RefusesARecurrentPageSmallerThanTheLargestPage) {
+  // Bamba with its last attention layer given twice the KV heads: the state page is padded to
+  // the first attention layer's page, half the largest, and a recurrent block cannot grow.
+  ModelSpec m = Load("ibm-ai-platform--Bamba-9B");
+  LayerSpec* last = nullptr;
+  for (LayerSpec& l : m.layers) {
+    if (l.owns_kv()) last = &l;
+  }
+  ASSERT_NE(last, nullptr);
+  last->num_kv_heads *= 2;
+  const Result<KvCacheConfig> c = MakeKvCacheConfig(m, Gib(8));
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kUnsupported);
+  EXPECT_NE(c.status().message().find("layer 0 is recurrent and its page"), std::string::npos)
+      << c.status().message();
+}
+
 TEST(VllmConfig, RefusesWhatVllmDoesNotPrefixCache) {
   const Result<KvCacheConfig> mllama =
       MakeKvCacheConfig(Load("meta-llama--Llama-3.2-11B-Vision"), Gib(16));

@@ -211,6 +211,20 @@ TEST(VllmManager, AFailedAllocationOrBadArgumentChangesNothing) {
   EXPECT_NE(zero.message().find("0 new tokens"), std::string::npos);
   args.num_new_tokens = 13;
   EXPECT_EQ(m.AllocateSlots(big, args).code(), StatusCode::kInvalidArgument);
+  args.num_new_tokens = 4;
+  args.num_new_computed_tokens = -1;
+  const Status computed = m.AllocateSlots(big, args);
+  EXPECT_EQ(computed.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(computed.message().find("-1 new computed tokens; expected at least 0"),
+            std::string::npos)
+      << computed.message();
+  args.num_new_computed_tokens = 0;
+  args.num_lookahead_tokens = -2;
+  const Status lookahead = m.AllocateSlots(big, args);
+  EXPECT_EQ(lookahead.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(lookahead.message().find("-2 lookahead tokens; expected at least 0"), std::string::npos)
+      << lookahead.message();
+  args.num_lookahead_tokens = 0;
   Request other_hash(3, Iota(8), 8);
   args.num_new_tokens = 4;
   EXPECT_EQ(m.AllocateSlots(other_hash, args).code(), StatusCode::kInvalidArgument);
@@ -242,14 +256,31 @@ TEST(VllmManager, TheReplayRefusesAConfigMadeForOtherLimits) {
   const Result<ReplayReport> r = ReplayVllm(trace, FullConfig(8), o);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(r.status().message().find("64 batched tokens"), std::string::npos)
+  EXPECT_NE(r.status().message().find("64 batched tokens, the replay's token budget is 32"),
+            std::string::npos)
       << r.status().message();
+  o.token_budget = 64;
+  o.max_model_len = 128;
+  const Result<ReplayReport> longer = ReplayVllm(trace, FullConfig(8), o);
+  ASSERT_FALSE(longer.ok());
+  EXPECT_EQ(longer.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(longer.status().message().find("max model len 64, the replay uses 128"),
+            std::string::npos)
+      << longer.status().message();
 }
 
 TEST(VllmManager, CreateRefusesAConfigItCannotServe) {
+  const auto refused = [](const KvCacheConfig& c, const std::string& what) {
+    const Status s = KvCacheManager::Create(c).status();
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << what;
+    EXPECT_NE(s.message().find(what), std::string::npos) << s.message();
+  };
   KvCacheConfig c = FullConfig(4);
   c.hash_block_size = 3;
-  EXPECT_EQ(KvCacheManager::Create(c).status().code(), StatusCode::kInvalidArgument);
+  refused(c, "group block size 4 is not a multiple of the hash block size 3");
+  c = FullConfig(4);
+  c.groups[0].spec.block_size = 0;
+  refused(c, "group block size 0; at least 1");
   c = FullConfig(4);
   c.num_blocks = 1;
   EXPECT_EQ(KvCacheManager::Create(c).status().code(), StatusCode::kInvalidArgument);
