@@ -9,6 +9,15 @@
 
 namespace hkv::testing {
 
+// Under AddressSanitizer + UndefinedBehaviorSanitizer the engine runs ~8x slower; the randomised
+// end-to-end tests then run fewer seeds (still until every feature they check has run) and the
+// comparisons that need many seeds to be stable are left to the normal build.
+#if HKV_SANITIZED
+inline constexpr bool kSanitized = true;
+#else
+inline constexpr bool kSanitized = false;
+#endif
+
 // "meta-llama--Llama-3.1-8B" -> "Llama_3_1_8B".
 inline std::string ModelTestName(const ::testing::TestParamInfo<std::string>& p) {
   std::string n = p.param.substr(p.param.find("--") + 2);
