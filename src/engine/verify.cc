@@ -140,6 +140,7 @@ Result<VerifyReport> RunVerify(const ModelSpec& real, const VerifyOptions& o) {
   size_t continued = 0;  // finished sequences already continued as a next turn
   VerifyReport report;
   report.model = real.source;
+  report.memory_bytes = po.memory_bytes;
   // Cross-attention models: a few images, so that requests share encoder K/V.
   const auto image = [&](uint64_t id) {
     return EncoderInput{id, spec.max_encoder_tokens - static_cast<int64_t>(id % 3)};

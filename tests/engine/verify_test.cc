@@ -38,6 +38,7 @@ TEST_P(Verify, RandomWorkloadsMatchDenseAndExerciseEveryFeature) {
   int64_t reclaimed = 0;
   int64_t shortest_hit = 0;  // recurrent models: fewest tokens a hit reused, over the seeds
   int32_t padded_block = 0;
+  int64_t default_memory = 0;  // the budget RunVerify picks for this model
   EngineCounters all;
   // Every feature the model can use has run (single seeds may miss one: a light workload needs
   // no preemption, a run of unlucky drafts accepts none).
@@ -56,12 +57,17 @@ TEST_P(Verify, RandomWorkloadsMatchDenseAndExerciseEveryFeature) {
     o.seed = seed;
     // Odd seeds leave stranded pages in place, as an engine that never compacts would.
     o.compact = seed % 2 == 0;
+    // A model whose default budget is used well (Jamba: compaction rescues it) may not preempt
+    // in dozens of seeds; once the steps are in, the search for a preemption runs on two thirds
+    // of that budget.
+    if (steps >= kStepsPerModel && all.preemptions == 0) o.memory_bytes = default_memory * 2 / 3;
     auto r = RunVerify(*real, o);
     ASSERT_TRUE(r.ok()) << r.status().ToString();
     const EngineCounters& f = r->features;
     const std::string what = "seed " + std::to_string(seed) + ": steps " +
                              std::to_string(r->steps) + ", requests " + std::to_string(r->requests);
     steps += r->steps;
+    if (o.memory_bytes == 0) default_memory = r->memory_bytes;
     reclaimed += r->slabs_reclaimed;
     padded_block = r->padded_block_tokens;
     if (f.shortest_checkpoint_hit > 0 &&
@@ -140,7 +146,7 @@ TEST(Engine, CompactionAvoidsPreemptionsAndStaysExact) {
   int64_t preemptions[2] = {0, 0}, compactions[2] = {0, 0}, moved = 0;
   // Fewer preemptions is a claim over many seeds; under the sanitizers a few seeds show that both
   // runs stay exact and that compaction moved pages.
-  const uint64_t seeds = testing::kSanitized ? 6 : 30;
+  const uint64_t seeds = testing::kSanitized ? 4 : 30;
   for (uint64_t seed = 1; seed <= seeds; ++seed) {
     for (int on = 0; on < 2; ++on) {
       VerifyOptions o;

@@ -152,6 +152,7 @@ int RunVerifyCommand(const VerifyArgs& args, std::ostream& out, std::ostream& er
     j["model"] = r.model;
     j["requests"] = r.requests;
     j["steps"] = r.steps;
+    j["memory_bytes"] = r.memory_bytes;
     j["completed"] = r.completed;
     j["mismatches"] = r.mismatches;
     j["dense_mismatches"] = r.dense_mismatches;

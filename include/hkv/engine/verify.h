@@ -58,6 +58,7 @@ struct VerifyReport {
   std::string model;
   int64_t requests = 0;  // sequences finished and checked (forked siblings included)
   int64_t steps = 0;
+  int64_t memory_bytes = 0;  // the KV budget the run planned with (the default's, when 0 was given)
   int64_t mismatches = 0;
   float max_logit_diff = 0.0f;
   int64_t dense_mismatches = 0;  // against the dense reference (== mismatches without policies)
