@@ -14,6 +14,7 @@
 #include <pybind11/stl.h>
 
 #include <hkv/manager/kv_cache_manager.h>
+#include <hkv/manager/manager_probe.h>
 
 #include "bindings.h"
 #include "manager_handle.h"
@@ -640,7 +641,7 @@ void BindManager(py::module_& m) {
           [](const Manager& self, int32_t pool) {
             return self.LockedConst([&](const KvCacheManager& mgr) {
               CheckPool(mgr, pool, "free_list_order");
-              return mgr.FreeListOrder(pool);
+              return ManagerProbe::FreeListOrder(mgr, pool);
             });
           },
           py::arg("pool"), "Free blocks of a pool in eviction order (first evicted first).")
@@ -649,7 +650,7 @@ void BindManager(py::module_& m) {
           [](const Manager& self, int32_t pool) {
             return self.LockedConst([&](const KvCacheManager& mgr) {
               std::vector<int32_t> out;
-              Check(mgr.UncachedFreeBlocks(pool, out));
+              Check(ManagerProbe::UncachedFreeBlocks(mgr, pool, out));
               return out;
             });
           },

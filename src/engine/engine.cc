@@ -5,6 +5,7 @@
 
 #include <hkv/engine/engine.h>
 #include <hkv/engine/transformer.h>
+#include <hkv/pool/block_pool.h>
 
 namespace hkv {
 namespace {

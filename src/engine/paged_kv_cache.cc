@@ -8,6 +8,8 @@
 #include <sys/mman.h>
 
 #include <hkv/engine/paged_kv_cache.h>
+#include <hkv/manager/manager_probe.h>
+#include <hkv/pool/block_pool.h>
 
 namespace hkv {
 
@@ -140,7 +142,8 @@ Status PagedKvCache::PoisonFreeBlocks(const KvCacheManager& manager) {
     const int64_t ids = plan_.page_classes[pc].num_pages + (plan_.arena.enabled() ? 1 : 0);
     was.resize(static_cast<size_t>(ids), 0);
     scratch_blocks_.clear();
-    HKV_RETURN_IF_ERROR(manager.UncachedFreeBlocks(static_cast<int32_t>(pc), scratch_blocks_));
+    HKV_RETURN_IF_ERROR(
+        ManagerProbe::UncachedFreeBlocks(manager, static_cast<int32_t>(pc), scratch_blocks_));
     scratch_flags_.assign(was.size(), 0);
     for (int32_t b : scratch_blocks_) {
       scratch_flags_[static_cast<size_t>(b)] = 1;

@@ -668,23 +668,6 @@ ArenaUsage KvCacheManager::Arena() const {
   return impl_->arena.Usage(impl_->pools);
 }
 
-std::vector<int32_t> KvCacheManager::FreeListOrder(int32_t pool) const {
-  if (pool < 0 || static_cast<size_t>(pool) >= impl_->pools.size()) return {};
-  return impl_->pools[static_cast<size_t>(pool)].FreeListOrder();
-}
-
-Status KvCacheManager::UncachedFreeBlocks(int32_t pool, std::vector<int32_t>& out) const {
-  if (pool < 0 || static_cast<size_t>(pool) >= impl_->pools.size()) {
-    return Status::InvalidArgument(
-        fmt::format("uncached free blocks: pool {} outside [0, {})", pool, impl_->pools.size()));
-  }
-  const BlockPool& bp = impl_->pools[static_cast<size_t>(pool)];
-  for (int32_t b : bp.FreeListOrder()) {
-    if (!bp.has_identity(b)) out.push_back(b);
-  }
-  return Status::Ok();
-}
-
 Status KvCacheManager::CheckInvariants() const {
   return impl_->CheckInvariants();
 }

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <hkv/manager/manager_probe.h>
+
 #include "manager_test_util.h"
 
 namespace hkv::testing {
@@ -20,7 +22,7 @@ struct Snapshot {
 Snapshot Take(KvCacheManager& m, std::initializer_list<RequestId> ids) {
   Snapshot s;
   for (int32_t p = 0; p < static_cast<int32_t>(m.config().pool_blocks.size()); ++p) {
-    s.free_lists.push_back(m.FreeListOrder(p));
+    s.free_lists.push_back(ManagerProbe::FreeListOrder(m, p));
     s.cached.push_back(m.Usage(p).num_cached);
   }
   s.requests = m.num_requests();
@@ -126,12 +128,12 @@ TEST(BadInputWithoutPrefixCaching, HitsAreRefusedByWhatTheyClaim) {
   spec.prompt = prompt;
   spec.encoder_tokens = 8;
   ASSERT_TRUE(d.m().AddRequest(spec).ok());
-  const std::vector<int32_t> free_before = d.m().FreeListOrder(0);
+  const std::vector<int32_t> free_before = ManagerProbe::FreeListOrder(d.m(), 0);
   const auto refused = [&](const PrefixHit& hit, const std::string& what) {
     const Status s = d.m().Allocate(1, 1, hit);
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << what;
     EXPECT_NE(s.message().find(what), std::string::npos) << s.message();
-    EXPECT_EQ(d.m().FreeListOrder(0), free_before);
+    EXPECT_EQ(ManagerProbe::FreeListOrder(d.m(), 0), free_before);
     EXPECT_EQ(d.m().NumComputed(1).value(), 0);
     d.Check();
   };

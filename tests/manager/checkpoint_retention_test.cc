@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <hkv/manager/manager_probe.h>
+
 #include "manager_test_util.h"
 
 namespace hkv::testing {
@@ -64,7 +66,7 @@ std::vector<int32_t> NewCheckpoints(Driver& d) {
 
 // Where a block stands in the state pool's eviction order (-1: not free).
 int64_t Rank(Driver& d, int32_t block) {
-  const std::vector<int32_t> order = d.m().FreeListOrder(kStatePool);
+  const std::vector<int32_t> order = ManagerProbe::FreeListOrder(d.m(), kStatePool);
   const auto it = std::find(order.begin(), order.end(), block);
   return it == order.end() ? -1 : it - order.begin();
 }

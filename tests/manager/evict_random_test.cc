@@ -13,6 +13,8 @@
 
 #include <gtest/gtest.h>
 
+#include <hkv/manager/manager_probe.h>
+
 #include "manager_test_util.h"
 
 namespace hkv::testing {
@@ -56,7 +58,7 @@ TEST_P(EvictRandom, SlotsHoldTheirTokensThroughEvictionsForksAndHits) {
   };
   const auto poison = [&] {
     std::vector<int32_t> freed;
-    ASSERT_TRUE(m.UncachedFreeBlocks(0, freed).ok());
+    ASSERT_TRUE(ManagerProbe::UncachedFreeBlocks(m, 0, freed).ok());
     for (int32_t b : freed)
       std::fill_n(mem.begin() + b * kBs, kBs, kGarbage);
   };

@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <hkv/manager/manager_probe.h>
+
 #include "manager_test_util.h"
 
 namespace hkv::testing {
@@ -37,7 +39,7 @@ TEST(EvictTest, WholeBlocksReturnAndSharedOnesAreReplaced) {
     EXPECT_NE(after[1], b);  // the bytes of every old block survive until the next allocation
   EXPECT_EQ(Held(d.m(), 0), 2);
   // Released tail first, then the replaced block: a cached prefix's head outlives its tail.
-  const std::vector<int32_t> order = d.m().FreeListOrder(0);
+  const std::vector<int32_t> order = ManagerProbe::FreeListOrder(d.m(), 0);
   const std::vector<int32_t> released = {before[4], before[3], before[2], before[1]};
   ASSERT_GE(order.size(), 4u);
   EXPECT_EQ(std::vector<int32_t>(order.end() - 4, order.end()), released);
@@ -180,13 +182,13 @@ TEST(EvictTest, ShortOfReplacementsRefusesAndChangesNothing) {
   d.Prefill(4);
   ASSERT_EQ(d.m().Usage(0).num_free, 1);
   const std::vector<int32_t> table = d.Table(1, 0);
-  const std::vector<int32_t> order = d.m().FreeListOrder(0);
+  const std::vector<int32_t> order = ManagerProbe::FreeListOrder(d.m(), 0);
   const Result<EvictResult> e = d.m().Evict(1, 0, 10, 0);
   ASSERT_FALSE(e.ok());
   EXPECT_EQ(e.status().code(), StatusCode::kResourceExhausted);
   EXPECT_NE(e.status().message().find("private block"), std::string::npos);
   EXPECT_EQ(d.Table(1, 0), table);
-  EXPECT_EQ(d.m().FreeListOrder(0), order);
+  EXPECT_EQ(ManagerProbe::FreeListOrder(d.m(), 0), order);
   d.Check();
   // With memory back, the same eviction goes through: every kept block is shared or published,
   // so all three are replaced, and the fourth is released.

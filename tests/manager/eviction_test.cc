@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <hkv/manager/manager_probe.h>
+
 #include "manager_test_util.h"
 
 namespace hkv::testing {
@@ -23,7 +25,7 @@ TEST(Eviction, LruAcrossRequestsAndTailFirstWithinOne) {
   const auto a = d.Table(1, 0), b = d.Table(2, 0);
   d.Free(1);
   d.Free(2);
-  const auto order = d.m().FreeListOrder(0);
+  const auto order = ManagerProbe::FreeListOrder(d.m(), 0);
   ASSERT_EQ(order.size(), 31u);
   // Request 1 went first, so its blocks are evicted first; within each request the tail goes
   // first, so a long shared prefix survives longest.
@@ -37,18 +39,18 @@ TEST(Eviction, BlocksWithoutIdentityAreReusedFirst) {
   d.Prefill(1);
   const auto a = d.Table(1, 0);
   d.Free(1);
-  const auto order = d.m().FreeListOrder(0);
+  const auto order = ManagerProbe::FreeListOrder(d.m(), 0);
   EXPECT_EQ(order.front(), a[2]);  // the partial block holds nothing anyone can hit
   EXPECT_EQ(order[order.size() - 2], a[1]);
   EXPECT_EQ(order.back(), a[0]);
   // Exactly the never-published blocks are the ones an engine may poison; a bad pool is named.
   std::vector<int32_t> uncached;
-  ASSERT_TRUE(d.m().UncachedFreeBlocks(0, uncached).ok());
+  ASSERT_TRUE(ManagerProbe::UncachedFreeBlocks(d.m(), 0, uncached).ok());
   EXPECT_EQ(uncached.size(), 29u);  // 31 blocks (32 with the null one) but the 2 published
   EXPECT_EQ(uncached.front(), a[2]);
   EXPECT_EQ(std::count(uncached.begin(), uncached.end(), a[0]), 0);
   EXPECT_EQ(std::count(uncached.begin(), uncached.end(), a[1]), 0);
-  const Status bad = d.m().UncachedFreeBlocks(1, uncached);
+  const Status bad = ManagerProbe::UncachedFreeBlocks(d.m(), 1, uncached);
   EXPECT_EQ(bad.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(bad.message().find("pool 1"), std::string::npos) << bad.message();
   EXPECT_EQ(uncached.size(), 29u);
@@ -65,7 +67,7 @@ TEST(Eviction, LowRetentionRequestsAreEvictedBeforeOthers) {
   const auto b = d.Table(2, 0);
   d.Free(1);
   d.Free(2);
-  const auto order = d.m().FreeListOrder(0);
+  const auto order = ManagerProbe::FreeListOrder(d.m(), 0);
   EXPECT_EQ(std::vector<int32_t>(order.begin(), order.begin() + 2), Reversed(b));
   d.Add(3, Seq(8, 500));
   EXPECT_EQ(d.Lookup(3).tokens, 4);  // still cached until reused
@@ -119,15 +121,16 @@ TEST(Eviction, AllocationFailureLeavesEverythingUnchanged) {
   d.Add(2, Seq(17, 100));
   const PrefixHit hit = d.Lookup(2);
   ASSERT_EQ(hit.tokens, 16);
-  const auto before0 = d.m().FreeListOrder(0), before1 = d.m().FreeListOrder(1);
+  const auto before0 = ManagerProbe::FreeListOrder(d.m(), 0),
+             before1 = ManagerProbe::FreeListOrder(d.m(), 1);
   const auto usage = d.m().Usage(0);
   // 16 hit tokens + 24 new need 10 blocks in pool 0 (9 exist); pool 1 alone would suffice.
   Status s = d.m().Allocate(2, 24, hit);
   EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s.ToString();
   EXPECT_NE(s.message().find("pool 0"), std::string::npos) << s.message();
   d.Check();
-  EXPECT_EQ(d.m().FreeListOrder(0), before0);
-  EXPECT_EQ(d.m().FreeListOrder(1), before1);
+  EXPECT_EQ(ManagerProbe::FreeListOrder(d.m(), 0), before0);
+  EXPECT_EQ(ManagerProbe::FreeListOrder(d.m(), 1), before1);
   EXPECT_EQ(d.m().Usage(0).num_cached, usage.num_cached);
   EXPECT_EQ(d.m().stats().allocations_failed, 1);
   EXPECT_EQ(d.m().NumComputed(2).value(), 0);

@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <hkv/manager/manager_probe.h>
+
 #include "manager_test_util.h"
 
 namespace hkv::testing {
@@ -137,7 +139,7 @@ TEST(ExternalLoadTest, AFailedLoadReturnsTheRequestToItsStartAndChangesNoCache) 
   EXPECT_EQ(d.m().Usage(0).num_cached, cached_before);  // no identity given to a load target
   EXPECT_EQ(Held(d.m(), 0), 3);                         // request 1's blocks only
   // The load targets are reused first: nobody will ever read what they hold.
-  const std::vector<int32_t> order = d.m().FreeListOrder(0);
+  const std::vector<int32_t> order = ManagerProbe::FreeListOrder(d.m(), 0);
   for (const BlockLoad& l : loads)
     EXPECT_NE(std::find(order.begin(), order.begin() + 4, l.block), order.begin() + 4);
   EXPECT_EQ(d.m().Step(2).status().code(), StatusCode::kFailedPrecondition);

@@ -43,6 +43,7 @@
 #include <vector>
 
 #include <hkv/manager/kv_cache_manager.h>
+#include <hkv/manager/manager_probe.h>
 
 namespace hkv::testing {
 
@@ -1093,7 +1094,7 @@ class FakeEngine {
       // Checkpoint retention moves cached states to the head, by rules this model does not
       // replay; checkpoint_retention_test checks them exactly, and data checks still apply.
       if (CheckpointsDemotable(static_cast<int32_t>(p))) continue;
-      const std::vector<int32_t> now = m_.FreeListOrder(static_cast<int32_t>(p));
+      const std::vector<int32_t> now = ManagerProbe::FreeListOrder(m_, static_cast<int32_t>(p));
       const std::vector<int32_t>& old = before.free_lists[p];
       const std::string where = std::string(call) + " in pool " + std::to_string(p);
       const auto pool = static_cast<int32_t>(p);
@@ -1156,7 +1157,7 @@ class FakeEngine {
     for (size_t p = 0; p < cfg_.pool_blocks.size(); ++p) {
       const PoolUsage u = m_.Usage(static_cast<int32_t>(p));
       b.usage.emplace_back(u.num_blocks, u.num_free, u.num_cached);
-      b.free_lists.push_back(m_.FreeListOrder(static_cast<int32_t>(p)));
+      b.free_lists.push_back(ManagerProbe::FreeListOrder(m_, static_cast<int32_t>(p)));
     }
     b.num_requests = m_.num_requests();
     return b;

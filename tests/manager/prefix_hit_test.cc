@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <hkv/manager/manager_probe.h>
+
 #include "manager_test_util.h"
 
 namespace hkv::testing {
@@ -127,7 +129,7 @@ TEST(PrefixHit, DropLastHitBlockForSpeculativeDecoding) {
 // Evicts exactly the blocks in front of `block` on `pool`'s free list, by running a request
 // with unrelated tokens that needs that many blocks from every group.
 void EvictUpTo(Driver& d, RequestId id, int32_t pool, int32_t block, int32_t bs) {
-  const auto order = d.m().FreeListOrder(pool);
+  const auto order = ManagerProbe::FreeListOrder(d.m(), pool);
   const auto at = std::find(order.begin(), order.end(), block) - order.begin();
   ASSERT_LT(at, static_cast<ptrdiff_t>(order.size()));
   d.Add(id, Seq(static_cast<int32_t>(at) * bs, 5000));
@@ -152,7 +154,7 @@ TEST(PrefixHit, WindowHeadMissKeepsTheHitButFullAttentionMissShortensIt) {
   d.Free(1);
   d.m().TakeEvents();
   // Evict everything on the window pool's free list before the last window's first block.
-  const auto order = d.m().FreeListOrder(0);
+  const auto order = ManagerProbe::FreeListOrder(d.m(), 0);
   ASSERT_NO_FATAL_FAILURE(EvictUpTo(d, 50, 0, order[order.size() - 2], 4));
   const auto events = d.m().TakeEvents();
   const auto removed = std::count_if(events.begin(), events.end(), [](const ManagerEvent& e) {

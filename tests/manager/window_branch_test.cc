@@ -6,6 +6,8 @@
 // a time, before an allocation is refused for lack of blocks.
 #include <gtest/gtest.h>
 
+#include <hkv/manager/manager_probe.h>
+
 #include "manager_test_util.h"
 
 namespace hkv::testing {
@@ -146,13 +148,13 @@ TEST(WindowBranch, ARefusalDespiteThemChangesNothing) {
   Driver d(WindowModel());
   ASSERT_NO_FATAL_FAILURE(KeepThenFill(d));
   const auto kept = SharedWindow(d, 2);
-  const auto order = d.m().FreeListOrder(0);
+  const auto order = ManagerProbe::FreeListOrder(d.m(), 0);
   const int32_t free = d.m().Usage(0).num_free;
   d.Add(4, Seq(16, 8000));  // 8 blocks: more than the free and the kept ones together
   const Status s = d.m().Allocate(4, 16);
   EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s.ToString();
   EXPECT_EQ(SharedWindow(d, 2), kept);
-  EXPECT_EQ(d.m().FreeListOrder(0), order);
+  EXPECT_EQ(ManagerProbe::FreeListOrder(d.m(), 0), order);
   EXPECT_EQ(d.m().Usage(0).num_free, free);
   d.Check();
   // Still kept: a request sharing the prefix hits it.

@@ -37,7 +37,8 @@
 #include <hkv/manager/external_blocks.h>
 #include <hkv/manager/manager_config.h>
 #include <hkv/manager/request.h>
-#include <hkv/pool/slab_arena.h>
+#include <hkv/pool/arena_usage.h>
+#include <hkv/pool/kv_event.h>
 
 namespace hkv {
 
@@ -200,12 +201,6 @@ class KvCacheManager {
   ArenaUsage Arena() const;
   const ManagerStats& stats() const;
   std::vector<ManagerEvent> TakeEvents();
-  // Free blocks of one pool in eviction order (tests and tools).
-  std::vector<int32_t> FreeListOrder(int32_t pool) const;
-  // Appends the free blocks of `pool` that hold no prefix identity: no request may read what
-  // they contain, so a debugging engine may poison them (a later read of stale data then shows).
-  // kInvalidArgument for a pool that does not exist (`out` unchanged).
-  Status UncachedFreeBlocks(int32_t pool, std::vector<int32_t>& out) const;
 
   // Reference counts equal holders, every block is free xor held, the prefix index agrees with
   // the blocks, every published block of a request carries the identity of that request's
@@ -213,6 +208,7 @@ class KvCacheManager {
   Status CheckInvariants() const;
 
  private:
+  friend class ManagerProbe;  // manager_probe.h: read-only views for tests and debugging
   struct Impl;
   explicit KvCacheManager(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;

@@ -10,7 +10,7 @@
 #include <string_view>
 
 #include <hkv/pool/block_hash.h>
-#include <hkv/pool/block_pool.h>
+#include <hkv/pool/retention.h>
 
 namespace hkv {
 

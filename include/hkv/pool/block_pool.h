@@ -37,26 +37,11 @@
 
 #include <hkv/common/result.h>
 #include <hkv/pool/block_hash.h>
+#include <hkv/pool/kv_event.h>
 #include <hkv/pool/prefix_index.h>
+#include <hkv/pool/retention.h>
 
 namespace hkv {
-
-enum class Retention : unsigned char {
-  kNormal,  // free-list tail: evicted after every block freed before
-  kLow,     // free-list head: evicted before every other free block
-};
-
-struct KvEvent {
-  enum class Kind : unsigned char { kStored, kRemoved, kCleared };
-  Kind kind = Kind::kStored;
-  PrefixKey key;      // unused for kCleared
-  int32_t block = 0;  // unused for kCleared
-  // Stored events: who published the block (Publish's origin and position: for the manager, a
-  // request and the position the block starts at, or a checkpoint's position); 0 and -1 for an
-  // identity that moved with its page (compaction) or a publisher that gave none.
-  uint64_t origin = 0;
-  int64_t position = -1;
-};
 
 class BlockPool {
  public:
