@@ -3,6 +3,7 @@
 #   consumers.sh install    SRC BUILD WORK   cmake --install BUILD into WORK/prefix
 #   consumers.sh cmake      SRC BUILD WORK   find_package(hybridkv): shared, static, engine
 #   consumers.sh components SRC BUILD WORK   components found, unknown/missing ones refused
+#   consumers.sh headers    SRC BUILD WORK   every installed header compiles on its own
 #   consumers.sh pkgconfig  SRC BUILD WORK   pkg-config hybridkv / hybridkv-engine
 #   consumers.sh python     SRC BUILD WORK   pip install SRC into a fresh venv, run a script
 set -euo pipefail
@@ -71,6 +72,27 @@ components)
     exit 1
   fi
   echo "version 0.99: refused"
+  ;;
+headers)
+  # Each public header alone, with only the installed include directory added: self-contained.
+  find "$prefix/include/hkv" -name '*.h' | sort >"$work/headers"
+  [ -s "$work/headers" ]
+  sed "s|^$prefix/include/||" "$work/headers" | xargs -P "$(nproc)" -I{} sh -c \
+    'printf "#include <%s>\n" "{}" | g++ -std=c++20 -fsyntax-only -Wall -Wextra -Werror \
+       -I"$1/include" -x c++ - || { echo "does not compile alone: {}" >&2; exit 255; }' \
+    _ "$prefix"
+  # ... and including nothing but the standard library and other installed hybridkv headers
+  # (a third-party header would make every consumer need that package).
+  while read -r h; do
+    { grep -o '^#include [<"][^>"]*[>"]' "$h" || true; } | sed 's/^#include [<"]\(.*\)[>"]/\1/' |
+      while read -r inc; do
+        case $inc in
+        hkv/*) [ -f "$prefix/include/$inc" ] || { echo "$h includes $inc, not installed" >&2; exit 1; } ;;
+        */* | *.*) echo "$h includes $inc: not the standard library" >&2; exit 1 ;;
+        esac
+      done
+  done <"$work/headers"
+  echo "$(wc -l <"$work/headers") installed headers compile on their own"
   ;;
 pkgconfig)
   # From a moved copy of the prefix: the .pc files find their prefix from where they are.
