@@ -93,6 +93,8 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& spec, const Mode
           "(windows, chunks and recurrent layers bound their memory already)");
     }
   }
+  // The cache is laid out from the plan and indexed by the manager's block ids.
+  HKV_RETURN_IF_ERROR(config.CheckMatches(plan));
   HKV_ASSIGN_OR_RETURN(KvCacheManager manager, KvCacheManager::Create(config));
   HKV_ASSIGN_OR_RETURN(PagedKvCache cache, PagedKvCache::Create(plan));
   auto engine = std::unique_ptr<Engine>(

@@ -58,6 +58,63 @@ Result<ManagerConfig> ManagerConfig::FromPlan(const Plan& plan) {
   return c;
 }
 
+Status ManagerConfig::CheckMatches(const Plan& plan) const {
+  if (groups.size() != plan.groups.size()) {
+    return Status::InvalidArgument(fmt::format("manager config: {} groups; the plan has {}",
+                                               groups.size(), plan.groups.size()));
+  }
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const GroupConfig& c = groups[g];
+    const KvGroup& k = plan.groups[g];
+    if (!(c.rule == k.rule)) {
+      return Status::InvalidArgument(
+          fmt::format("manager config: group {} keeps tokens by another rule than the plan's", g));
+    }
+    if (c.block_tokens != k.block_tokens) {
+      return Status::InvalidArgument(
+          fmt::format("manager config: group {} has {}-token blocks; the plan's has {}", g,
+                      c.block_tokens, k.block_tokens));
+    }
+    if (c.pool != k.page_class) {
+      return Status::InvalidArgument(fmt::format(
+          "manager config: group {} draws from pool {}; the plan puts it in page class {}", g,
+          c.pool, k.page_class));
+    }
+  }
+  if (pool_blocks.size() != plan.page_classes.size()) {
+    return Status::InvalidArgument(
+        fmt::format("manager config: {} pools; the plan has {} page "
+                    "classes",
+                    pool_blocks.size(), plan.page_classes.size()));
+  }
+  if (arena.enabled() != plan.arena.enabled()) {
+    return Status::InvalidArgument(fmt::format(
+        "manager config: {} shared slabs; the plan {}", arena.num_slabs,
+        plan.arena.enabled() ? fmt::format("has {}", plan.arena.num_slabs) : "has none"));
+  }
+  if (arena.enabled() && arena.num_slabs > plan.arena.num_slabs) {
+    return Status::InvalidArgument(fmt::format("manager config: {} shared slabs; the plan has {}",
+                                               arena.num_slabs, plan.arena.num_slabs));
+  }
+  for (size_t p = 0; p < pool_blocks.size(); ++p) {
+    const PageClass& pc = plan.page_classes[p];
+    if (arena.enabled() &&
+        (p >= arena.pages_per_slab.size() || arena.pages_per_slab[p] != pc.pages_per_slab)) {
+      return Status::InvalidArgument(fmt::format(
+          "manager config: pool {} is not carved {} pages per slab as the plan's class is", p,
+          pc.pages_per_slab));
+    }
+    // Block ids index the class's pages; a two-level pool counts the null block on top.
+    const int64_t capacity = arena.enabled() ? pc.num_pages + 1 : pc.num_pages;
+    if (pool_blocks[p] > capacity) {
+      return Status::InvalidArgument(
+          fmt::format("manager config: pool {} has {} blocks; the plan's page class holds {}", p,
+                      pool_blocks[p], capacity));
+    }
+  }
+  return Status::Ok();
+}
+
 Status ManagerConfig::Validate() const {
   if (pool_blocks.empty()) return Status::InvalidArgument("manager config: no pools");
   for (size_t p = 0; p < pool_blocks.size(); ++p) {

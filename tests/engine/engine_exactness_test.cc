@@ -170,6 +170,19 @@ TEST_F(EngineRefusals, EachBadOptionIsNamed) {
   refused([](EngineOptions& o) { o.lookahead = -1; }, "engine: lookahead -1: expected >= 0");
 }
 
+// The cache is laid out from the plan and indexed by the config's block ids: a config for other
+// memory is refused by name instead of reading outside the buffers.
+TEST_F(EngineRefusals, AConfigThatDoesNotDescribeThePlanIsRefused) {
+  ManagerConfig bigger = config_;
+  bigger.pool_blocks[0] += 1;
+  ExpectRefused(Engine::Create(spec_, weights_, plan_, bigger, {}).status(),
+                "manager config: pool 0 has");
+  ManagerConfig coarser = config_;
+  coarser.groups[0].block_tokens *= 2;
+  ExpectRefused(Engine::Create(spec_, weights_, plan_, coarser, {}).status(),
+                "manager config: group 0 has 8-token blocks; the plan's has 4");
+}
+
 TEST_F(EngineRefusals, EachBadRequestFieldIsNamed) {
   auto engine = Engine::Create(spec_, weights_, plan_, config_, {}).value();
   GenerationRequest r;

@@ -78,5 +78,70 @@ TEST(ManagerConfig, FromPlanOfARealHybridModel) {
   EXPECT_TRUE(KvCacheManager::Create(*c).ok());
 }
 
+// A config that does not describe the plan's memory is named by its first difference; the one
+// FromPlan made, and one with fewer blocks than the plan's pages, match.
+TEST(ManagerConfig, CheckMatchesNamesWhereConfigAndPlanDiffer) {
+  for (const char* name : {"google--gemma-2-9b", "ibm-ai-platform--Bamba-9B"}) {
+    SCOPED_TRACE(name);
+    auto model = LoadModelConfig(std::string(HKV_MODELS_DIR) + "/" + name);
+    ASSERT_TRUE(model.ok()) << model.status().ToString();
+    PlanOptions opts;
+    opts.memory_bytes = int64_t{4} << 30;
+    opts.max_model_len = 8192;
+    const Plan plan = MakePlan(*model, opts).value();
+    const ManagerConfig good = ManagerConfig::FromPlan(plan).value();
+    EXPECT_TRUE(good.CheckMatches(plan).ok());
+    ManagerConfig smaller = good;
+    smaller.pool_blocks[0] -= 1;
+    EXPECT_TRUE(smaller.CheckMatches(plan).ok());
+
+    const auto refused = [&](ManagerConfig c, const std::string& what) {
+      const Status s = c.CheckMatches(plan);
+      EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << what;
+      EXPECT_NE(s.message().find(what), std::string::npos) << s.message();
+    };
+    ManagerConfig c = good;
+    c.groups.pop_back();
+    refused(c, std::to_string(good.groups.size() - 1) + " groups; the plan has " +
+                   std::to_string(plan.groups.size()));
+    c = good;
+    c.groups[0].rule.kind =
+        c.groups[0].rule.kind == TokenRuleKind::kAll ? TokenRuleKind::kWindow : TokenRuleKind::kAll;
+    refused(c, "group 0 keeps tokens by another rule than the plan's");
+    const size_t tokens = plan.groups[0].block_tokens > 0 ? 0 : 1;
+    c = good;
+    c.groups[tokens].block_tokens *= 2;
+    refused(c, "group " + std::to_string(tokens) + " has " +
+                   std::to_string(2 * good.groups[tokens].block_tokens) +
+                   "-token blocks; the plan's has " +
+                   std::to_string(good.groups[tokens].block_tokens));
+    c = good;
+    c.groups[0].pool += 1;
+    refused(c, "group 0 draws from pool " + std::to_string(good.groups[0].pool + 1));
+    c = good;
+    c.pool_blocks.push_back(16);
+    refused(c, std::to_string(good.pool_blocks.size() + 1) + " pools; the plan has " +
+                   std::to_string(plan.page_classes.size()) + " page classes");
+    c = good;
+    c.pool_blocks[0] += 1;
+    refused(c, "pool 0 has " + std::to_string(good.pool_blocks[0] + 1) +
+                   " blocks; the plan's page class holds " + std::to_string(good.pool_blocks[0]));
+    if (plan.arena.enabled()) {
+      c = good;
+      c.arena.num_slabs += 1;
+      refused(c, std::to_string(good.arena.num_slabs + 1) + " shared slabs; the plan has " +
+                     std::to_string(plan.arena.num_slabs));
+      c = good;
+      c.arena.pages_per_slab[0] += 1;
+      refused(c, "pool 0 is not carved");
+    } else {
+      c = good;
+      c.arena.num_slabs = 2;
+      c.arena.pages_per_slab.assign(c.pool_blocks.size(), 1);
+      refused(c, "2 shared slabs; the plan has none");
+    }
+  }
+}
+
 }  // namespace
 }  // namespace hkv::testing

@@ -86,6 +86,12 @@ struct ManagerConfig {
   static Result<ManagerConfig> FromPlan(const Plan& plan);
 
   Status Validate() const;
+  // Whether this config describes the memory `plan` lays out: one group per plan group with the
+  // same rule, block size and page class; one pool per page class with no more blocks than the
+  // class has pages; the same slabs. Where a config and a plan meet (an engine that sizes its
+  // buffers from the plan and hands block ids from the config), a mismatch would index memory
+  // that is not there; the first difference found is named.
+  Status CheckMatches(const Plan& plan) const;
 
   // Derived values; meaningful once Validate() is OK.
   int32_t hash_tokens() const;   // gcd of token-group block sizes (or state_align_tokens)
