@@ -64,9 +64,9 @@ components)
   probe "core;bogus" refused "unknown hybridkv component 'bogus'"
   # A version the package is not compatible with (0.x: another minor).
   rm -rf "$work/components"
+  mkdir -p "$work/v"
   sed 's/hybridkv 0.1 REQUIRED/hybridkv 0.99 REQUIRED/' "$src/tests/install/components/CMakeLists.txt" \
-    >"$work/CMakeLists.txt.v"
-  mkdir -p "$work/v" && cp "$work/CMakeLists.txt.v" "$work/v/CMakeLists.txt"
+    >"$work/v/CMakeLists.txt"
   if cmake -S "$work/v" -B "$work/components" -DCMAKE_PREFIX_PATH="$prefix" -DWANT=core >/dev/null 2>&1; then
     echo "hybridkv 0.99 accepted" >&2
     exit 1
