@@ -11,7 +11,7 @@ Result<CompactionResult> KvCacheManager::Compact(int64_t max_slabs_per_class) {
     return Status::InvalidArgument(
         fmt::format("compact: max_slabs_per_class {}; expected >= 1", max_slabs_per_class));
   }
-  const std::vector<int64_t> limits(impl_->pools.size(), max_slabs_per_class);
+  const std::vector<int64_t> limits(impl_->core.pools.size(), max_slabs_per_class);
   return impl_->Compact(limits);
 }
 
@@ -20,9 +20,9 @@ Result<CompactionResult> KvCacheManager::Compact(std::span<const int64_t> max_sl
 }
 
 Result<CompactionResult> KvCacheManager::Impl::Compact(std::span<const int64_t> max_slabs) {
-  if (max_slabs.size() != pools.size()) {
-    return Status::InvalidArgument(
-        fmt::format("compact: {} per-class limits for {} pools", max_slabs.size(), pools.size()));
+  if (max_slabs.size() != core.pools.size()) {
+    return Status::InvalidArgument(fmt::format("compact: {} per-class limits for {} pools",
+                                               max_slabs.size(), core.pools.size()));
   }
   for (size_t p = 0; p < max_slabs.size(); ++p) {
     if (max_slabs[p] < 0) {
@@ -34,12 +34,14 @@ Result<CompactionResult> KvCacheManager::Impl::Compact(std::span<const int64_t> 
   // would make it write pages the manager no longer gives that request.
   for (size_t slot = 0; slot < requests.size(); ++slot) {
     const Request& r = requests[slot];
-    if (index.Find(r.id) != static_cast<int32_t>(slot) || !r.step_open) continue;
+    if (!Live(slot) || !r.step_open) continue;
     return Status::FailedPrecondition(
         fmt::format("compact: request {} has an open step [{}, {}); commit every step first", r.id,
                     r.step_begin, r.step_end));
   }
   CompactionResult out;
+  SlabArena& arena = core.arena;
+  std::vector<BlockPool>& pools = core.pools;
   if (arena.num_slabs() == 0) return out;
   compaction.clear();
   for (size_t p = 0; p < pools.size(); ++p) {
@@ -59,23 +61,9 @@ Result<CompactionResult> KvCacheManager::Impl::Compact(std::span<const int64_t> 
   // A block shared by several requests (forks, prefix hits) or named twice by one (live and
   // rolling state) is rewritten wherever it appears; the reference counts moved with it.
   for (size_t slot = 0; slot < requests.size(); ++slot) {
-    Request& r = requests[slot];
-    if (index.Find(r.id) != static_cast<int32_t>(slot)) continue;
-    for (size_t gi = 0; gi < config.groups.size(); ++gi) {
-      const std::vector<int32_t>& to = moved_to[static_cast<size_t>(config.groups[gi].pool)];
-      const auto remap = [&](int32_t& b) {
-        if (b != BlockPool::kNullBlock && to[static_cast<size_t>(b)] != BlockPool::kNullBlock) {
-          b = to[static_cast<size_t>(b)];
-        }
-      };
-      GroupState& gs = r.groups[gi];
-      for (int32_t& b : gs.table)
-        remap(b);
-      remap(gs.live);
-      remap(gs.rolling.block);
-      for (HeldState& h : gs.held)
-        remap(h.block);
-    }
+    if (!Live(slot)) continue;
+    for (const auto& g : groups)
+      g->Remap(static_cast<int32_t>(slot), moved_to[static_cast<size_t>(g->pool())]);
   }
   for (const PageMove& m : compaction.moves) {
     moved_to[static_cast<size_t>(m.pool)][static_cast<size_t>(m.src)] = BlockPool::kNullBlock;

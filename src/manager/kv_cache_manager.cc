@@ -1,5 +1,6 @@
-// Public entry points of KvCacheManager, request registration, identities and per-step views.
-// The mutating operations live in allocate_commit.cc, truncate_fork_free.cc and hit_search.cc.
+// Public entry points of KvCacheManager: request registration, lookups and the per-step views.
+// The coordinator's operations live in allocate_commit.cc, truncate_fork_free.cc, hit_search.cc,
+// evict.cc, compaction.cc and invariants.cc; each kind's rules in its group manager.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -13,54 +14,42 @@
 
 namespace hkv {
 
-void manager_internal::Must(const Status& s) {
-  if (!s.ok()) {
-    std::fprintf(stderr, "hkv::KvCacheManager internal error: %s\n", s.ToString().c_str());
-    std::abort();
-  }
-}
-
-void GroupState::Clear() {
-  table.clear();
-  num_published = 0;
-  release_from = 0;
-  evicted = 0;
-  live = 0;
-  rolling = {};
-  held.clear();
-  read = write = 0;
-  snaps.clear();
-}
-
 double PoolUsage::usage() const {
   return num_blocks == 0 ? 0.0 : static_cast<double>(num_blocks - num_free) / num_blocks;
 }
 
-KvCacheManager::Impl::Impl(const ManagerConfig& c)
-    : config(c), hash_tokens(c.hash_tokens()), align(c.align_tokens()) {
-  for (const GroupConfig& g : config.groups)
-    has_encoder = has_encoder || g.is_encoder();
-  need.resize(config.pool_blocks.size());
-  full_prefix.resize(config.groups.size());
+KvCacheManager::Impl::Impl(const ManagerConfig& c) : core(c), config(core.config) {
+  using manager_internal::IsDecoderTokens;
+  using manager_internal::ReleasesTokens;
+  for (size_t g = 0; g < config.groups.size(); ++g) {
+    const GroupConfig& gc = config.groups[g];
+    has_encoder = has_encoder || gc.is_encoder();
+    has_state_groups = has_state_groups || gc.is_state();
+    has_token_groups = has_token_groups || IsDecoderTokens(gc);
+    has_window_groups = has_window_groups || ReleasesTokens(gc);
+    groups.push_back(manager_internal::MakeGroupManager(core, static_cast<int32_t>(g)));
+  }
   for (int pass = 0; pass < 2; ++pass) {
     for (size_t gi = 0; gi < config.groups.size(); ++gi) {
       if (config.groups[gi].is_state() == (pass == 1)) search_order.push_back(gi);
     }
+    if (pass == 0) token_search_groups = search_order.size();
   }
 }
 
 Result<KvCacheManager> KvCacheManager::Create(const ManagerConfig& config) {
   HKV_RETURN_IF_ERROR(config.Validate());
   auto impl = std::make_unique<Impl>(config);
+  manager_internal::CacheCore& core = impl->core;
   if (config.arena.enabled()) {
-    HKV_ASSIGN_OR_RETURN(impl->arena,
+    HKV_ASSIGN_OR_RETURN(core.arena,
                          SlabArena::Create(config.arena.num_slabs, config.arena.pages_per_slab));
-    HKV_ASSIGN_OR_RETURN(impl->pools, impl->arena.MakePools(config.record_events));
+    HKV_ASSIGN_OR_RETURN(core.pools, core.arena.MakePools(config.record_events));
     return KvCacheManager(std::move(impl));
   }
   for (int32_t blocks : config.pool_blocks) {
     HKV_ASSIGN_OR_RETURN(BlockPool pool, BlockPool::Create(blocks, config.record_events));
-    impl->pools.push_back(std::move(pool));
+    core.pools.push_back(std::move(pool));
   }
   return KvCacheManager(std::move(impl));
 }
@@ -93,192 +82,10 @@ int32_t KvCacheManager::Impl::NewSlot() {
     return slot;
   }
   requests.emplace_back();
-  requests.back().groups.resize(config.groups.size());
-  return static_cast<int32_t>(requests.size() - 1);
-}
-
-// ---- identities -----------------------------------------------------------------------------
-
-void KvCacheManager::Impl::ExtendHashes(Request& r) {
-  const int64_t g = hash_tokens;
-  const int64_t full = r.known() / g;
-  while (static_cast<int64_t>(r.hashes.size()) < full) {
-    const int64_t i = static_cast<int64_t>(r.hashes.size());
-    const int64_t start = i * g;
-    scratch_items.clear();
-    for (const PromptItem& item : r.items) {
-      if (item.position >= start + g) break;
-      if (item.position + item.length > start) {
-        scratch_items.push_back({item.content, item.position - start});
-      }
-    }
-    // A cross-attention decoder's KV depends on the encoder's input too: the first block
-    // carries it, as an item at an offset no real item can have there (items start at >= 0).
-    if (i == 0 && r.encoder_tokens > 0) {
-      scratch_items.insert(scratch_items.begin(), {r.encoder_input, -1 - r.encoder_tokens});
-    }
-    const BlockHash& parent = i == 0 ? kRootHash : r.hashes.back();
-    BlockExtraKeys extra{r.adapter, scratch_items, i == 0 ? std::string_view(r.salt) : ""};
-    r.hashes.push_back(HashBlock(
-        parent, std::span<const int32_t>(r.tokens.data() + start, static_cast<size_t>(g)), extra));
-  }
-}
-
-void KvCacheManager::Impl::ComputeEncoderHashes(Request& r) {
-  r.encoder_hashes.clear();
-  int64_t blocks = 0;
-  for (const GroupConfig& gc : config.groups) {
-    if (gc.is_encoder()) blocks = std::max(blocks, CeilDiv(r.encoder_tokens, gc.block_tokens));
-  }
-  if (blocks == 0) return;
-  // The root covers everything that decides the encoder's output: its input, its length, the
-  // adapter and the salt. Blocks chain from it by index; keys are namespaced per group, so
-  // groups with different block sizes never confuse their blocks.
-  const MultimodalItem input{r.encoder_input, 0};
-  const int32_t length[2] = {static_cast<int32_t>(r.encoder_tokens >> 31),
-                             static_cast<int32_t>(r.encoder_tokens & 0x7fffffff)};
-  const BlockHash root = HashBlock(kRootHash, length, {r.adapter, {&input, 1}, r.salt});
-  for (int64_t i = 0; i < blocks; ++i) {
-    const int32_t block_index = static_cast<int32_t>(i);
-    r.encoder_hashes.push_back(HashBlock(root, {&block_index, 1}));
-  }
-}
-
-const BlockHash& KvCacheManager::Impl::HashAt(const Request& r, int64_t position) const {
-  return r.hashes[static_cast<size_t>(position / hash_tokens - 1)];
-}
-
-PrefixKey KvCacheManager::Impl::TokenKey(const Request& r, int32_t group, int64_t block) const {
-  const int64_t bs = config.groups[static_cast<size_t>(group)].block_tokens;
-  return {HashAt(r, (block + 1) * bs), group};
-}
-
-PrefixKey KvCacheManager::Impl::StateKey(const Request& r, int32_t group, int64_t position) const {
-  return {HashAt(r, position), group};
-}
-
-bool KvCacheManager::Impl::IsCheckpoint(const Request& r, int64_t p) const {
-  if (p <= 0 || p % align != 0) return false;
-  if (config.checkpoint_interval > 0 && p % config.checkpoint_interval == 0) return true;
-  if (p == r.divergence) return true;
-  return p == PromptCheckpoint(r);
-}
-
-bool KvCacheManager::Impl::IsIntervalOnly(const Request& r, int64_t p) const {
-  return p > 0 && config.checkpoint_interval > 0 && p % config.checkpoint_interval == 0 &&
-         p != r.divergence && p != PromptCheckpoint(r);
-}
-
-void KvCacheManager::Impl::DemoteCheckpoint(const Request& r, int32_t group, int64_t p) {
-  BlockPool& bp = pools[static_cast<size_t>(config.groups[static_cast<size_t>(group)].pool)];
-  const int32_t b = bp.Find(StateKey(r, group, p));
-  // Held means some request is about to read it (or holds it as its own state): leave it.
-  if (b > BlockPool::kNullBlock && bp.ref_count(b) == 0) Must(bp.Demote(b));
-}
-
-void KvCacheManager::Impl::DemoteBeyondCap(const Request& r, int32_t group, int64_t begin,
-                                           int64_t end) {
-  const int64_t interval = config.checkpoint_interval;
-  const int64_t cap = config.max_interval_checkpoints;
-  if (!config.demote_superseded_checkpoints || !config.enable_prefix_caching || interval == 0 ||
-      cap == 0) {
-    return;
-  }
-  for (int64_t p = (begin / interval + 1) * interval; p <= end; p += interval) {
-    const int64_t old = p - cap * interval;
-    if (old > r.own_from && IsIntervalOnly(r, old)) {
-      DemoteCheckpoint(r, group, old);
-    }
-  }
-}
-
-void KvCacheManager::Impl::DemoteSupersededCheckpoints(const Request& r, int32_t group,
-                                                       int64_t live_position,
-                                                       int64_t rolling_position) {
-  if (!config.demote_superseded_checkpoints || !config.enable_prefix_caching) return;
-  // The request's final state: the newest of the live one (published at an aligned end), the
-  // rolling one, and the checkpoints its steps passed.
-  const int64_t reached = std::min(r.computed, r.known());
-  const int64_t interval = config.checkpoint_interval;
-  const int64_t prompt_ckpt = PromptCheckpoint(r);
-  int64_t final_position = std::max(live_position, rolling_position);
-  if (interval > 0) final_position = std::max(final_position, reached / interval * interval);
-  if (prompt_ckpt <= reached) final_position = std::max(final_position, prompt_ckpt);
-  if (r.divergence <= reached) final_position = std::max(final_position, r.divergence);
-  const auto demote = [&](int64_t p) {
-    if (p > r.own_from && p < final_position && p != r.divergence) DemoteCheckpoint(r, group, p);
-  };
-  demote(prompt_ckpt);
-  demote(rolling_position);
-  if (interval == 0) return;
-  // Older interval checkpoints were demoted by the cap while the request ran.
-  int64_t lo = r.own_from;
-  if (config.max_interval_checkpoints > 0) {
-    lo = std::max(lo, final_position - (config.max_interval_checkpoints + 1) * interval);
-  }
-  for (int64_t p = (lo / interval + 1) * interval; p < final_position; p += interval)
-    demote(p);
-}
-
-NeededBlocks KvCacheManager::Impl::Needed(int32_t group, int64_t x) const {
-  const GroupConfig& gc = config.groups[static_cast<size_t>(group)];
-  NeededBlocks n;
-  if (x <= 0) return n;
-  const int64_t bs = gc.block_tokens;
-  n.hi = CeilDiv(x, bs);
-  switch (gc.rule.kind) {
-    case TokenRuleKind::kWindow:
-      n.lo = std::max<int64_t>(0, x - gc.rule.span + 1) / bs;
-      n.sinks = std::min(CeilDiv(std::min<int64_t>(gc.rule.sinks, x), bs), n.lo);
-      break;
-    case TokenRuleKind::kChunk:
-      n.lo = x / gc.rule.span * gc.rule.span / bs;
-      break;
-    default:
-      break;
-  }
-  return n;
-}
-
-// ---- block movement -------------------------------------------------------------------------
-
-void KvCacheManager::Impl::Release(int32_t pool, std::span<const int32_t> blocks,
-                                   Retention retention) {
-  if (blocks.empty()) return;
-  BlockPool& bp = pools[static_cast<size_t>(pool)];
-  release_low.clear();
-  release_normal.clear();
-  for (int32_t b : blocks) {
-    // A reference that is not the last one only drops the count (the list may name a block
-    // twice, e.g. a state that is both live and rolling); the last reference decides where the
-    // block goes.
-    if (bp.ref_count(b) > 1) {
-      Must(bp.Free({&b, 1}));
-    } else if (!bp.has_identity(b)) {
-      release_low.push_back(b);
-    } else {
-      release_normal.push_back(b);
-    }
-  }
-  Must(bp.Free(release_low, Retention::kLow));
-  Must(bp.Free(release_normal, retention));
-}
-
-void KvCacheManager::Impl::ReleaseOne(int32_t pool, int32_t block, Retention retention) {
-  if (block == BlockPool::kNullBlock) return;
-  Release(pool, {&block, 1}, retention);
-}
-
-void KvCacheManager::Impl::AcquireHeld(int32_t pool, int32_t block) {
-  Must(pools[static_cast<size_t>(pool)].Acquire(block));
-}
-
-void KvCacheManager::Impl::PublishBlock(int32_t pool, int32_t block, const PrefixKey& key,
-                                        RequestId origin, int64_t position) {
-  if (!config.enable_prefix_caching) return;
-  BlockPool& bp = pools[static_cast<size_t>(pool)];
-  if (bp.has_identity(block)) return;
-  Must(bp.Publish(block, key, origin, position));
+  requests.back().slot = static_cast<int32_t>(requests.size() - 1);
+  for (auto& g : groups)
+    g->AddSlot();
+  return requests.back().slot;
 }
 
 // ---- public API: registration ---------------------------------------------------------------
@@ -352,10 +159,10 @@ Status KvCacheManager::AddRequest(const RequestSpec& spec) {
   r.started = r.step_open = r.encoder_ready = false;
   r.step_begin = r.step_end = 0;
   r.copies.clear();
-  for (GroupState& gs : r.groups)
-    gs.Clear();
-  m.ExtendHashes(r);
-  m.ComputeEncoderHashes(r);
+  for (auto& g : m.groups)
+    g->ClearSlot(slot);
+  m.core.ExtendHashes(r);
+  m.core.ComputeEncoderHashes(r);
   m.index.Insert(spec.id, slot);
   return Status::Ok();
 }
@@ -376,25 +183,25 @@ Result<PrefixHit> KvCacheManager::Impl::Lookup(RequestId id, const ExternalBlock
         "lookup: request {} has already allocated; a hit can only be taken before", id));
   }
   PrefixHit hit;
-  ++stats.lookups;
-  stats.lookup_tokens += r->known();
+  ++core.stats.lookups;
+  core.stats.lookup_tokens += r->known();
   if (config.enable_prefix_caching) {
-    external = ext;
+    core.external = ext;
     int64_t x = LookupFixedPoint(*r, r->known() - 1);
     if (config.drop_last_hit_block && x > 0) x = LookupFixedPoint(*r, x - 1);
-    external = nullptr;
+    core.external = nullptr;
     hit.tokens = x;
     if (ext != nullptr) {
       hit.loads = CountLoads(*r, x);
-      if (hit.loads > 0) stats.external_hit_tokens += x;
+      if (hit.loads > 0) core.stats.external_hit_tokens += x;
     }
     if (has_encoder) {
-      ++stats.encoder_lookups;
+      ++core.stats.encoder_lookups;
       hit.encoder = EncoderCached(*r);
-      if (hit.encoder) ++stats.encoder_hits;
+      if (hit.encoder) ++core.stats.encoder_hits;
     }
   }
-  stats.hit_tokens += hit.tokens;
+  core.stats.hit_tokens += hit.tokens;
   return hit;
 }
 
@@ -428,7 +235,7 @@ Status KvCacheManager::AppendTokens(RequestId id, std::span<const int32_t> token
     }
   }
   r->tokens.insert(r->tokens.end(), tokens.begin(), tokens.end());
-  m.ExtendHashes(*r);
+  m.core.ExtendHashes(*r);
   return Status::Ok();
 }
 
@@ -469,28 +276,28 @@ Status KvCacheManager::FinishLoad(RequestId id, bool loaded) {
         id));
   }
   if (!loaded) {
-    ++m.stats.loads_failed;
+    ++m.core.stats.loads_failed;
     m.AbandonStart(*r);
     return Status::Ok();
   }
   for (const BlockLoad& l : r->loads)
-    m.PublishBlock(l.pool, l.block, l.key, id, l.position);
-  m.stats.blocks_loaded += static_cast<int64_t>(r->loads.size());
+    m.core.PublishBlock(l.pool, l.block, l.key, id, l.position);
+  m.core.stats.blocks_loaded += static_cast<int64_t>(r->loads.size());
   r->loads.clear();
   return Status::Ok();
 }
 
 Status KvCacheManager::ResetPrefixCache() {
   Impl& m = *impl_;
-  for (size_t p = 0; p < m.pools.size(); ++p) {
-    const BlockPool& bp = m.pools[p];
+  for (size_t p = 0; p < m.core.pools.size(); ++p) {
+    const BlockPool& bp = m.core.pools[p];
     if (bp.num_free() != bp.num_owned()) {
       return Status::FailedPrecondition(
           fmt::format("reset prefix cache: pool {} has {} blocks in use; free every request first",
                       p, bp.num_owned() - bp.num_free()));
     }
   }
-  for (BlockPool& bp : m.pools)
+  for (BlockPool& bp : m.core.pools)
     bp.ResetPrefixCache();
   return Status::Ok();
 }
@@ -534,7 +341,7 @@ Result<std::span<const int32_t>> KvCacheManager::BlockTable(RequestId id, int32_
     return Status::InvalidArgument(
         fmt::format("block table: group {} is a state group; use State()", group));
   }
-  return std::span<const int32_t>(r->groups[static_cast<size_t>(group)].table);
+  return impl_->group(static_cast<size_t>(group)).Table(r->slot);
 }
 
 Status KvCacheManager::SlotMapping(RequestId id, int32_t group, int64_t begin, int64_t end,
@@ -547,11 +354,13 @@ Status KvCacheManager::SlotMapping(RequestId id, int32_t group, int64_t begin, i
     return Status::InvalidArgument(
         fmt::format("slot mapping: group {} is a state group; use State()", group));
   }
-  const GroupState& gs = r->groups[static_cast<size_t>(group)];
-  const std::vector<int32_t>& table = gs.table;
+  const manager_internal::GroupManager& gm = impl_->group(static_cast<size_t>(group));
+  const std::span<const int32_t> table = gm.Table(r->slot);
   const int64_t bs = gc.block_tokens;
   const int64_t limit = gc.is_encoder() ? static_cast<int64_t>(table.size()) * bs : r->reserved;
-  if (gs.evicted > 0 && begin < r->computed && begin < end) {
+  // After Evict, position p sits in slot p - evicted.
+  const int64_t shift = gm.Evicted(r->slot);
+  if (shift > 0 && begin < r->computed && begin < end) {
     return Status::InvalidArgument(fmt::format(
         "slot mapping: request {} group {} evicted tokens; positions before its computed {} have "
         "no fixed slot (asked from {})",
@@ -567,8 +376,6 @@ Status KvCacheManager::SlotMapping(RequestId id, int32_t group, int64_t begin, i
         "slot mapping: positions [{}, {}) outside the reserved [0, {}) of request {} group {}",
         begin, end, limit, id, group));
   }
-  // After Evict, position p sits in slot p - evicted.
-  const int64_t shift = gs.evicted;
   for (int64_t p = begin - shift; p < end - shift; p += bs - p % bs) {
     if (table[static_cast<size_t>(p / bs)] == BlockPool::kNullBlock) {
       return Status::InvalidArgument(fmt::format(
@@ -612,8 +419,7 @@ Result<StateStep> KvCacheManager::State(RequestId id, int32_t group) const {
     return Status::FailedPrecondition(
         fmt::format("state: request {} has no open step (call Allocate first)", id));
   }
-  const GroupState& gs = r->groups[static_cast<size_t>(group)];
-  return StateStep{gs.read, gs.write, gs.snaps};
+  return impl_->group(static_cast<size_t>(group)).StepState(r->slot);
 }
 
 // ---- facts ----------------------------------------------------------------------------------
@@ -641,21 +447,21 @@ const ManagerConfig& KvCacheManager::config() const {
   return impl_->config;
 }
 const ManagerStats& KvCacheManager::stats() const {
-  return impl_->stats;
+  return impl_->core.stats;
 }
 
 PoolUsage KvCacheManager::Usage(int32_t pool) const {
-  if (pool < 0 || static_cast<size_t>(pool) >= impl_->pools.size()) return {};
-  const BlockPool& bp = impl_->pools[static_cast<size_t>(pool)];
-  if (impl_->arena.num_slabs() == 0) return {bp.num_owned(), bp.num_free(), bp.num_cached()};
+  if (pool < 0 || static_cast<size_t>(pool) >= impl_->core.pools.size()) return {};
+  const BlockPool& bp = impl_->core.pools[static_cast<size_t>(pool)];
+  if (impl_->core.arena.num_slabs() == 0) return {bp.num_owned(), bp.num_free(), bp.num_cached()};
   return {bp.num_owned(), bp.num_free(), bp.num_cached(), bp.free_in_held_segments(),
           bp.StrandedBlocks()};
 }
 
 std::vector<ManagerEvent> KvCacheManager::TakeEvents() {
   std::vector<ManagerEvent> out;
-  for (size_t p = 0; p < impl_->pools.size(); ++p) {
-    for (const KvEvent& e : impl_->pools[p].TakeEvents()) {
+  for (size_t p = 0; p < impl_->core.pools.size(); ++p) {
+    for (const KvEvent& e : impl_->core.pools[p].TakeEvents()) {
       out.push_back({e.kind, static_cast<int32_t>(p), e.key.group, e.key.hash, e.block, e.origin,
                      e.position});
     }
@@ -664,8 +470,8 @@ std::vector<ManagerEvent> KvCacheManager::TakeEvents() {
 }
 
 ArenaUsage KvCacheManager::Arena() const {
-  if (impl_->arena.num_slabs() == 0) return {};
-  return impl_->arena.Usage(impl_->pools);
+  if (impl_->core.arena.num_slabs() == 0) return {};
+  return impl_->core.arena.Usage(impl_->core.pools);
 }
 
 Status KvCacheManager::CheckInvariants() const {

@@ -6,7 +6,7 @@
 
 #include <hkv/manager/manager_config.h>
 
-#include "manager_impl.h"
+#include "request_state.h"
 
 namespace hkv {
 namespace {

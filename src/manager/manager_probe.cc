@@ -7,14 +7,14 @@
 namespace hkv {
 
 std::vector<int32_t> ManagerProbe::FreeListOrder(const KvCacheManager& manager, int32_t pool) {
-  const auto& pools = manager.impl_->pools;
+  const auto& pools = manager.impl_->core.pools;
   if (pool < 0 || static_cast<size_t>(pool) >= pools.size()) return {};
   return pools[static_cast<size_t>(pool)].FreeListOrder();
 }
 
 Status ManagerProbe::UncachedFreeBlocks(const KvCacheManager& manager, int32_t pool,
                                         std::vector<int32_t>& out) {
-  const auto& pools = manager.impl_->pools;
+  const auto& pools = manager.impl_->core.pools;
   if (pool < 0 || static_cast<size_t>(pool) >= pools.size()) {
     return Status::InvalidArgument(
         fmt::format("uncached free blocks: pool {} outside [0, {})", pool, pools.size()));

@@ -1,0 +1,190 @@
+// CacheCore: identities, the checkpoint policy and block movement, shared by every group.
+#include "cache_core.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+
+#include <fmt/format.h>
+
+namespace hkv::manager_internal {
+
+void Must(const Status& s) {
+  if (!s.ok()) {
+    std::fprintf(stderr, "hkv::KvCacheManager internal error: %s\n", s.ToString().c_str());
+    std::abort();
+  }
+}
+
+CacheCore::CacheCore(const ManagerConfig& c)
+    : config(c), hash_tokens(c.hash_tokens()), align(c.align_tokens()) {
+  need.resize(config.pool_blocks.size());
+}
+
+// ---- identities -----------------------------------------------------------------------------
+
+void CacheCore::ExtendHashes(Request& r) {
+  const int64_t g = hash_tokens;
+  const int64_t full = r.known() / g;
+  while (static_cast<int64_t>(r.hashes.size()) < full) {
+    const int64_t i = static_cast<int64_t>(r.hashes.size());
+    const int64_t start = i * g;
+    scratch_items.clear();
+    for (const PromptItem& item : r.items) {
+      if (item.position >= start + g) break;
+      if (item.position + item.length > start) {
+        scratch_items.push_back({item.content, item.position - start});
+      }
+    }
+    // A cross-attention decoder's KV depends on the encoder's input too: the first block
+    // carries it, as an item at an offset no real item can have there (items start at >= 0).
+    if (i == 0 && r.encoder_tokens > 0) {
+      scratch_items.insert(scratch_items.begin(), {r.encoder_input, -1 - r.encoder_tokens});
+    }
+    const BlockHash& parent = i == 0 ? kRootHash : r.hashes.back();
+    BlockExtraKeys extra{r.adapter, scratch_items, i == 0 ? std::string_view(r.salt) : ""};
+    r.hashes.push_back(HashBlock(
+        parent, std::span<const int32_t>(r.tokens.data() + start, static_cast<size_t>(g)), extra));
+  }
+}
+
+void CacheCore::ComputeEncoderHashes(Request& r) {
+  r.encoder_hashes.clear();
+  int64_t blocks = 0;
+  for (const GroupConfig& gc : config.groups) {
+    if (gc.is_encoder()) blocks = std::max(blocks, CeilDiv(r.encoder_tokens, gc.block_tokens));
+  }
+  if (blocks == 0) return;
+  // The root covers everything that decides the encoder's output: its input, its length, the
+  // adapter and the salt. Blocks chain from it by index; keys are namespaced per group, so
+  // groups with different block sizes never confuse their blocks.
+  const MultimodalItem input{r.encoder_input, 0};
+  const int32_t length[2] = {static_cast<int32_t>(r.encoder_tokens >> 31),
+                             static_cast<int32_t>(r.encoder_tokens & 0x7fffffff)};
+  const BlockHash root = HashBlock(kRootHash, length, {r.adapter, {&input, 1}, r.salt});
+  for (int64_t i = 0; i < blocks; ++i) {
+    const int32_t block_index = static_cast<int32_t>(i);
+    r.encoder_hashes.push_back(HashBlock(root, {&block_index, 1}));
+  }
+}
+
+// ---- checkpoint policy ----------------------------------------------------------------------
+
+bool CacheCore::IsCheckpoint(const Request& r, int64_t p) const {
+  if (p <= 0 || p % align != 0) return false;
+  if (config.checkpoint_interval > 0 && p % config.checkpoint_interval == 0) return true;
+  if (p == r.divergence) return true;
+  return p == PromptCheckpoint(r);
+}
+
+bool CacheCore::IsIntervalOnly(const Request& r, int64_t p) const {
+  return p > 0 && config.checkpoint_interval > 0 && p % config.checkpoint_interval == 0 &&
+         p != r.divergence && p != PromptCheckpoint(r);
+}
+
+// Positions in [begin, end) after which the step must copy the recurrent state aside:
+// - checkpoints strictly inside the step (known, aligned, an interval multiple or the prompt end);
+// - the last aligned known position inside the step, when the step does not itself end on one,
+//   so the rolling state keeps up with multi-token steps (chunked prefill);
+// - every speculative position, so that Commit and Truncate can land on any of them.
+// The state after `end` is the step's write slot and needs no copy. Each of the first three is a
+// split of the step's chunk; at most max_state_splits are kept, the most useful first (a branch
+// point others share, what an identical prompt hits, the rolling state, the newest intervals).
+void CacheCore::PlanSnapshots(const Request& r, int64_t begin, int64_t end, int64_t divergence,
+                              std::vector<int64_t>& out) const {
+  out.clear();
+  const int64_t known = r.known();
+  // Checkpoints past an eviction could never be published (Commit): none are planned there.
+  const int64_t last = std::min({end - 1, known, r.publish_until});
+  // Without prefix caching nobody could hit a checkpoint: only speculative states are kept.
+  if (config.enable_prefix_caching) {
+    const auto splits = static_cast<size_t>(config.max_state_splits);
+    const auto add = [&](int64_t p) {
+      if (out.size() < splits && std::find(out.begin(), out.end(), p) == out.end())
+        out.push_back(p);
+    };
+    if (divergence > begin && divergence <= last) add(divergence);
+    const int64_t prompt_ckpt = PromptCheckpoint(r);
+    if (prompt_ckpt > begin && prompt_ckpt <= last) add(prompt_ckpt);
+    const int64_t rolling = last / align * align;
+    const bool end_rolls = end % align == 0 && end <= known;
+    if (rolling > begin && !end_rolls) add(rolling);
+    const int64_t interval = config.checkpoint_interval;
+    if (interval > 0) {
+      for (int64_t p = last / interval * interval; p > begin && out.size() < splits; p -= interval)
+        add(p);
+    }
+  }
+  // The state after 0 tokens is the zero state: it needs no copy.
+  for (int64_t p = std::max({begin, known, int64_t{1}}); p < end; ++p)
+    out.push_back(p);
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+}
+
+// ---- block movement -------------------------------------------------------------------------
+
+void CacheCore::Release(int32_t pool, std::span<const int32_t> blocks, Retention retention) {
+  if (blocks.empty()) return;
+  BlockPool& bp = pools[static_cast<size_t>(pool)];
+  release_low.clear();
+  release_normal.clear();
+  for (int32_t b : blocks) {
+    // A reference that is not the last one only drops the count (the list may name a block
+    // twice, e.g. a state that is both live and rolling); the last reference decides where the
+    // block goes.
+    if (bp.ref_count(b) > 1) {
+      Must(bp.Free({&b, 1}));
+    } else if (!bp.has_identity(b)) {
+      release_low.push_back(b);
+    } else {
+      release_normal.push_back(b);
+    }
+  }
+  Must(bp.Free(release_low, Retention::kLow));
+  Must(bp.Free(release_normal, retention));
+}
+
+void CacheCore::ReleaseOne(int32_t pool, int32_t block, Retention retention) {
+  if (block == BlockPool::kNullBlock) return;
+  Release(pool, {&block, 1}, retention);
+}
+
+void CacheCore::AcquireHeld(int32_t pool, int32_t block) {
+  Must(pools[static_cast<size_t>(pool)].Acquire(block));
+}
+
+void CacheCore::PublishBlock(int32_t pool, int32_t block, const PrefixKey& key, RequestId origin,
+                             int64_t position) {
+  if (!config.enable_prefix_caching) return;
+  BlockPool& bp = pools[static_cast<size_t>(pool)];
+  if (bp.has_identity(block)) return;
+  Must(bp.Publish(block, key, origin, position));
+}
+
+Status CacheCore::ReserveBlocks() {
+  if (arena.num_slabs() > 0) {
+    // Two-level memory: move slabs so every pool can allocate its need (nothing moves when it
+    // cannot); the caller then only draws from the pools.
+    const Status reserved = arena.Reserve(pools, need, hit_keep);
+    // Anything but a shortage means the manager passed the arena bad pools or keeps: a bug,
+    // not a reason for the engine to preempt.
+    if (reserved.code() != StatusCode::kResourceExhausted) Must(reserved);
+    return reserved;
+  }
+  for (size_t p = 0; p < pools.size(); ++p) {
+    if (need[p] > pools[p].num_free()) {
+      return Status::ResourceExhausted(
+          fmt::format("pool {} needs {} free blocks, has {}", p, need[p], pools[p].num_free()));
+    }
+  }
+  return Status::Ok();
+}
+
+std::span<const int32_t> CacheCore::AllocateReserved(int32_t pool, int64_t n) {
+  fresh.clear();
+  Must(pools[static_cast<size_t>(pool)].Allocate(static_cast<int32_t>(n), fresh));
+  return fresh;
+}
+
+}  // namespace hkv::manager_internal

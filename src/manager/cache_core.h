@@ -1,0 +1,99 @@
+// CacheCore: what the coordinator and every group manager share - the config, the pools (and
+// the slab arena under them), the request identities the prefix index is keyed by, the
+// checkpoint policy, and the one way blocks are acquired, published and released.
+//
+// Private to src/manager. Group managers never own blocks themselves: every reference they take
+// or drop goes through AcquireHeld / Release here, so the release order (blocks without an
+// identity to the free-list head, the rest by the request's retention) is decided in one place.
+// Scratch buffers live here too, so steady state allocates nothing whichever group runs.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include <hkv/manager/kv_cache_manager.h>
+#include <hkv/pool/block_pool.h>
+#include <hkv/pool/slab_arena.h>
+
+#include "request_state.h"
+
+namespace hkv::manager_internal {
+
+// Internal consistency failures are bugs, not caller errors: stop loudly rather than continue
+// with corrupted reference counts.
+void Must(const Status& s);
+
+inline int64_t CeilDiv(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+struct CacheCore {
+  explicit CacheCore(const ManagerConfig& c);
+
+  // ---- identities: a block of a token group is named by the digest of the tokens up to its
+  // end, a state by the digest up to its position; keys are namespaced by group.
+  const BlockHash& HashAt(const Request& r, int64_t position) const {
+    return r.hashes[static_cast<size_t>(position / hash_tokens - 1)];
+  }
+  PrefixKey TokenKey(const Request& r, int32_t group, int64_t block) const {
+    const int64_t bs = config.groups[static_cast<size_t>(group)].block_tokens;
+    return {HashAt(r, (block + 1) * bs), group};
+  }
+  PrefixKey StateKey(const Request& r, int32_t group, int64_t position) const {
+    return {HashAt(r, position), group};
+  }
+  void ExtendHashes(Request& r);
+  void ComputeEncoderHashes(Request& r);
+
+  // ---- the checkpoint policy (manager_config.h).
+  bool IsCheckpoint(const Request& r, int64_t position) const;
+  // The last aligned position before the prompt's end: what an identical prompt would hit.
+  int64_t PromptCheckpoint(const Request& r) const { return (r.prompt_len - 1) / align * align; }
+  // A checkpoint taken only because its position is a multiple of checkpoint_interval.
+  bool IsIntervalOnly(const Request& r, int64_t position) const;
+  // Positions in [begin, end) after which a step must copy the recurrent state aside.
+  void PlanSnapshots(const Request& r, int64_t begin, int64_t end, int64_t divergence,
+                     std::vector<int64_t>& out) const;
+
+  // ---- block movement.
+  // A block is available to a hit when the pool caches it or, during Lookup(id, external),
+  // when `external` has it.
+  bool Available(const BlockPool& bp, const PrefixKey& key) const {
+    return bp.Find(key) >= 0 || (external != nullptr && external->Has(key));
+  }
+  // Sorts blocks by whether they carry an identity: those without go to the free-list head, the
+  // rest follow the request's retention.
+  void Release(int32_t pool, std::span<const int32_t> blocks, Retention retention);
+  void ReleaseOne(int32_t pool, int32_t block, Retention retention);
+  void AcquireHeld(int32_t pool, int32_t block);
+  // origin/position: what the stored event says published it (ManagerEvent).
+  void PublishBlock(int32_t pool, int32_t block, const PrefixKey& key, RequestId origin = 0,
+                    int64_t position = -1);
+  // Whether every pool can supply `need` (per pool) while keeping `hit_keep`; with two-level
+  // memory, moves slabs so that it can (nothing moves when it cannot). kResourceExhausted
+  // naming the short pool otherwise.
+  Status ReserveBlocks();
+  // `n` fresh blocks of `pool` into `fresh` (cleared first); the caller has reserved them.
+  std::span<const int32_t> AllocateReserved(int32_t pool, int64_t n);
+
+  ManagerConfig config;
+  int32_t hash_tokens = 1;
+  int32_t align = 1;
+  std::vector<BlockPool> pools;
+  SlabArena arena;  // two-level memory (config.arena); unused otherwise
+  ManagerStats stats;
+  const ExternalBlocks* external = nullptr;  // set only inside Lookup(id, external)
+
+  // Allocate's plan: blocks each pool must supply, and free hit blocks whose slabs must stay.
+  std::vector<int64_t> need;
+  std::vector<PoolBlock> hit_keep;
+
+  // Scratch buffers reused by every call.
+  std::vector<MultimodalItem> scratch_items;
+  std::vector<int32_t> fresh;       // blocks from BlockPool::Allocate
+  std::vector<int32_t> to_release;  // per pool batch
+  std::vector<int32_t> release_low, release_normal;
+};
+
+}  // namespace hkv::manager_internal

@@ -1,0 +1,227 @@
+// TokenGroup: the block-table operations full attention, windows and chunks share.
+#include "token_group.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+namespace hkv::manager_internal {
+
+int32_t TokenGroup::CountLoads(const Request& r, int64_t tokens) const {
+  if (tokens <= 0) return 0;
+  const BlockPool& bp = block_pool();
+  const NeededBlocks nb = Needed(tokens);
+  int32_t loads = 0;
+  for (int64_t j = 0; j < nb.hi; ++j) {
+    if ((j < nb.sinks || j >= nb.lo) && bp.Find(Key(r, j)) < 0) ++loads;
+  }
+  return loads;
+}
+
+Status TokenGroup::PlanStep(const Request& r, const StepPlan& s, HitPlan& hp, int64_t& need) const {
+  const BlockPool& bp = block_pool();
+  const TokenSlot& ts = slot_at(r.slot);
+  const int64_t bs = block_tokens();
+  int64_t have = static_cast<int64_t>(ts.table.size());
+  if (!s.started && s.begin > 0) {
+    const NeededBlocks nb = Needed(s.begin);
+    for (int64_t j = 0; j < nb.hi; ++j) {
+      if (j >= nb.sinks && j < nb.lo) continue;
+      const int32_t b = bp.Find(Key(r, j));
+      if (b < 0) {
+        if (!hp.TakeLoad(need)) return StaleHit(r, "a KV block");
+        continue;
+      }
+      if (bp.ref_count(b) == 0) {
+        ++need;
+        core_.hit_keep.push_back({pool(), b});
+      }
+      hp.blocks.push_back(b);
+    }
+    have = nb.hi;
+  }
+  // After Evict the table indexes slots: position p sits in slot p - evicted.
+  need += std::max<int64_t>(0, CeilDiv(s.reserve - ts.evicted, bs) - have);
+  if (s.started && (s.begin - ts.evicted) % bs != 0) {
+    const int32_t b = ts.table[static_cast<size_t>((s.begin - ts.evicted) / bs)];
+    if (bp.ref_count(b) > 1 || bp.has_identity(b)) ++need;  // copy-on-write
+  }
+  return Status::Ok();
+}
+
+void TokenGroup::ApplyHit(Request& r, const StepPlan& s, HitPlan& hp) {
+  if (s.begin <= 0) return;
+  TokenSlot& ts = slot_at(r.slot);
+  const NeededBlocks nb = Needed(s.begin);
+  ts.table.assign(static_cast<size_t>(nb.hi), BlockPool::kNullBlock);
+  for (int64_t j = 0; j < nb.hi; ++j) {
+    if (j >= nb.sinks && j < nb.lo) continue;
+    const int32_t b = hp.blocks[hp.next++];
+    if (b == HitPlan::kLoad) {
+      r.loads.push_back(
+          {group_, pool(), BlockPool::kNullBlock, Key(r, j), false, j * block_tokens()});
+      hp.load_index.push_back(j);
+      continue;
+    }
+    core_.AcquireHeld(pool(), b);
+    ts.table[static_cast<size_t>(j)] = b;
+  }
+  ts.num_published = static_cast<int32_t>(nb.hi);
+  ts.release_from = static_cast<int32_t>(nb.lo);
+}
+
+void TokenGroup::PlaceLoad(Request& r, int64_t index, int32_t block) {
+  slot_at(r.slot).table[static_cast<size_t>(index)] = block;
+}
+
+void TokenGroup::ApplyStep(Request& r, const StepPlan& s) {
+  BlockPool& bp = block_pool();
+  TokenSlot& ts = slot_at(r.slot);
+  const int64_t bs = block_tokens();
+  if (s.started && (s.begin - ts.evicted) % bs != 0) {
+    int32_t& b = ts.table[static_cast<size_t>((s.begin - ts.evicted) / bs)];
+    if (bp.ref_count(b) > 1 || bp.has_identity(b)) {
+      const int32_t copy = core_.AllocateReserved(pool(), 1)[0];
+      r.copies.push_back({group_, b, copy});
+      b = copy;
+    }
+  }
+  const int64_t want = CeilDiv(s.reserve - ts.evicted, bs) - static_cast<int64_t>(ts.table.size());
+  if (want > 0) {
+    const std::span<const int32_t> fresh = core_.AllocateReserved(pool(), want);
+    ts.table.insert(ts.table.end(), fresh.begin(), fresh.end());
+  }
+}
+
+void TokenGroup::Commit(Request& r, int64_t, int64_t publish_limit) {
+  TokenSlot& ts = slot_at(r.slot);
+  const int64_t bs = block_tokens();
+  // A group that evicted tokens indexes slots, which no digest names.
+  const int64_t full = ts.evicted > 0 ? 0 : publish_limit / bs;
+  for (int64_t j = ts.num_published; j < full; ++j) {
+    const int32_t b = ts.table[static_cast<size_t>(j)];
+    if (b != BlockPool::kNullBlock) core_.PublishBlock(pool(), b, Key(r, j), r.id, j * bs);
+  }
+  ts.num_published = std::max<int32_t>(ts.num_published, static_cast<int32_t>(full));
+}
+
+void TokenGroup::Truncate(Request& r, int64_t x, int64_t new_known) {
+  BlockPool& bp = block_pool();
+  TokenSlot& ts = slot_at(r.slot);
+  const int64_t bs = block_tokens();
+  const NeededBlocks nb = Needed(x);
+  for (int64_t j = 0; j < nb.hi; ++j) {
+    if (j >= nb.sinks && j < nb.lo) continue;
+    int32_t& b = ts.table[static_cast<size_t>(j)];
+    if (b != BlockPool::kNullBlock) continue;
+    b = bp.Find(Key(r, j));
+    core_.AcquireHeld(pool(), b);
+  }
+  const auto keep = static_cast<size_t>(CeilDiv(x, bs));
+  std::vector<int32_t>& to_release = core_.to_release;
+  to_release.clear();
+  for (size_t j = ts.table.size(); j > keep; --j) {
+    if (ts.table[j - 1] != BlockPool::kNullBlock) to_release.push_back(ts.table[j - 1]);
+  }
+  ts.table.resize(keep);
+  core_.Release(pool(), to_release, r.retention);
+  ts.num_published =
+      std::min<int32_t>(ts.num_published, static_cast<int32_t>(std::min(x, new_known) / bs));
+  ts.release_from = std::min<int32_t>(ts.release_from, static_cast<int32_t>(nb.lo));
+}
+
+void TokenGroup::Fork(const Request& parent, int32_t child_slot) {
+  TokenSlot& cs = slot_at(child_slot);
+  // Copy-assignment reuses the recycled slot's buffers.
+  cs = slot_at(parent.slot);
+  // Tables end at the parent's computed positions (its lookahead stays its own).
+  const auto keep = static_cast<size_t>(CeilDiv(parent.computed - cs.evicted, block_tokens()));
+  cs.table.resize(keep);
+  for (int32_t b : cs.table) {
+    if (b != BlockPool::kNullBlock) core_.AcquireHeld(pool(), b);
+  }
+  cs.num_published = std::min<int32_t>(cs.num_published, static_cast<int32_t>(keep));
+}
+
+void TokenGroup::CollectForRelease(Request& r, std::vector<std::pair<int64_t, int32_t>>& out) {
+  TokenSlot& ts = slot_at(r.slot);
+  for (size_t j = 0; j < ts.table.size(); ++j) {
+    if (ts.table[j] != BlockPool::kNullBlock) {
+      out.emplace_back(static_cast<int64_t>(j + 1) * block_tokens(), ts.table[j]);
+    }
+  }
+  ts.table.clear();
+}
+
+void TokenGroup::ReleaseTable(Request& r) {
+  TokenSlot& ts = slot_at(r.slot);
+  std::vector<int32_t>& to_release = core_.to_release;
+  to_release.clear();
+  for (auto it = ts.table.rbegin(); it != ts.table.rend(); ++it) {
+    if (*it != BlockPool::kNullBlock) to_release.push_back(*it);
+  }
+  core_.Release(pool(), to_release, r.retention);
+  ts.Clear();
+}
+
+void TokenGroup::Free(Request& r) {
+  ReleaseTable(r);
+}
+
+void TokenGroup::Abandon(Request& r) {
+  ReleaseTable(r);
+}
+
+void TokenGroup::Remap(int32_t slot, std::span<const int32_t> moved_to) {
+  for (int32_t& b : slot_at(slot).table) {
+    if (b != BlockPool::kNullBlock && moved_to[static_cast<size_t>(b)] != BlockPool::kNullBlock) {
+      b = moved_to[static_cast<size_t>(b)];
+    }
+  }
+}
+
+Status TokenGroup::CheckRequest(const Request& r, std::vector<int32_t>& refs) const {
+  const TokenSlot& ts = slot_at(r.slot);
+  const BlockPool& bp = block_pool();
+  const int64_t bs = block_tokens();
+  const int32_t g = group_;
+  if (static_cast<int64_t>(ts.table.size()) != CeilDiv(r.reserved - ts.evicted, bs)) {
+    return Fail(
+        r, fmt::format("group {} table has {} blocks for {} reserved positions ({} evicted)", g,
+                       ts.table.size(), r.reserved, ts.evicted));
+  }
+  if (ts.evicted > 0 &&
+      (config().rule.kind != TokenRuleKind::kAll || r.publish_until > r.computed)) {
+    return Fail(r, fmt::format("group {} evicted {} tokens but publishes until {} (computed {})", g,
+                               ts.evicted, r.publish_until, r.computed));
+  }
+  const NeededBlocks nb = Needed(std::min(r.computed, r.known()));
+  for (size_t j = 0; j < ts.table.size(); ++j) {
+    const int32_t b = ts.table[j];
+    const auto jj = static_cast<int64_t>(j);
+    if (b == BlockPool::kNullBlock) {
+      if (jj >= nb.lo || jj < nb.sinks) {
+        return Fail(r, fmt::format("group {} lost block {} it still needs", g, j));
+      }
+      continue;
+    }
+    HKV_RETURN_IF_ERROR(Hold(r, refs, b, "table entry"));
+    // Blocks the request published itself (j < num_published) carry its own digest: only
+    // full blocks of known tokens are published, and a published block is never written
+    // again. Later blocks may carry an identity too - one a co-holder from a Fork published,
+    // or one a Truncate cut into - and are copied before the request writes into them.
+    if (jj < ts.num_published && bp.has_identity(b) &&
+        ((jj + 1) * bs > r.known() || bp.identity(b) != Key(r, jj))) {
+      return Fail(
+          r, fmt::format("group {} block {} (pool block {}) carries a foreign identity", g, j, b));
+    }
+  }
+  return Status::Ok();
+}
+
+bool TokenGroup::HoldsLoadTarget(const Request& r, const BlockLoad& l) const {
+  const std::vector<int32_t>& table = slot_at(r.slot).table;
+  return !l.state && std::find(table.begin(), table.end(), l.block) != table.end();
+}
+
+}  // namespace hkv::manager_internal

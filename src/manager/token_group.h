@@ -1,0 +1,132 @@
+// TokenGroup: what every group whose table follows decoder positions shares - a block table per
+// request, hits that acquire cached blocks, copy-on-write of a shared block before it is
+// written, publishing full blocks of known tokens at Commit, cutting back at Truncate.
+//
+// Which blocks a group needs to continue computing at a position is its kind's one rule
+// (Needed): full attention all of them, a window or chunk only the last span (and sinks).
+// FullAttentionGroup and WindowGroup supply it and their own hit search.
+//
+// Private to src/manager.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "group_manager.h"
+
+namespace hkv::manager_internal {
+
+struct TokenSlot {
+  std::vector<int32_t> table;  // null for positions the group no longer (or never) keeps
+  int32_t num_published = 0;   // leading blocks already offered to the prefix index
+  int32_t release_from = 0;    // window/chunk: blocks in [sink blocks, release_from) are null
+  // Full attention after Evict (sparse KV): positions dropped from the table, which then
+  // indexes cache slots (slot = position - evicted for the positions computed since).
+  int64_t evicted = 0;
+
+  void Clear() {
+    table.clear();
+    num_published = 0;
+    release_from = 0;
+    evicted = 0;
+  }
+};
+
+class TokenGroup : public GroupManager {
+ public:
+  using GroupManager::GroupManager;
+
+  // The blocks that hold what continuing at position x needs.
+  virtual NeededBlocks Needed(int64_t x) const = 0;
+
+  void AddSlot() override { slots_.emplace_back(); }
+  void ClearSlot(int32_t slot) override { slot_at(slot).Clear(); }
+  int32_t CountLoads(const Request& r, int64_t tokens) const override;
+  Status PlanStep(const Request& r, const StepPlan& s, HitPlan& hp, int64_t& need) const override;
+  void ApplyHit(Request& r, const StepPlan& s, HitPlan& hp) override;
+  void PlaceLoad(Request& r, int64_t index, int32_t block) override;
+  void ApplyStep(Request& r, const StepPlan& s) override;
+  void Commit(Request& r, int64_t computed, int64_t publish_limit) override;
+  void Truncate(Request& r, int64_t x, int64_t new_known) override;
+  void Fork(const Request& parent, int32_t child_slot) override;
+  void CollectForRelease(Request& r, std::vector<std::pair<int64_t, int32_t>>& out) override;
+  void Free(Request& r) override;
+  void Abandon(Request& r) override;
+  void Remap(int32_t slot, std::span<const int32_t> moved_to) override;
+  Status CheckRequest(const Request& r, std::vector<int32_t>& refs) const override;
+  bool HoldsLoadTarget(const Request& r, const BlockLoad& l) const override;
+  std::span<const int32_t> Table(int32_t slot) const override { return slot_at(slot).table; }
+  int64_t Evicted(int32_t slot) const override { return slot_at(slot).evicted; }
+
+ protected:
+  int64_t block_tokens() const { return config().block_tokens; }
+  PrefixKey Key(const Request& r, int64_t block) const { return core_.TokenKey(r, group_, block); }
+  TokenSlot& slot_at(int32_t slot) { return slots_[static_cast<size_t>(slot)]; }
+  const TokenSlot& slot_at(int32_t slot) const { return slots_[static_cast<size_t>(slot)]; }
+  // Releases the whole table, tail first, so the free list evicts a request's tail before its
+  // head; then forgets the record.
+  void ReleaseTable(Request& r);
+
+  std::vector<TokenSlot> slots_;
+};
+
+// Largest x' <= x, a multiple of `unit`, whose needed blocks all satisfy `available`. A miss at
+// block j rules out every x' whose needed range contains j, so the search jumps below it; blocks
+// are visited once in the window part, from the top down.
+template <typename NeededAt, typename Available>
+int64_t ScanDown(int64_t bs, int64_t x, int64_t unit, const NeededAt& needed_at,
+                 const Available& available) {
+  x = x / unit * unit;
+  while (x > 0) {
+    const NeededBlocks n = needed_at(x);
+    int64_t miss = -1;
+    for (int64_t j = n.hi - 1; j >= n.lo; --j) {
+      if (!available(j)) {
+        miss = j;
+        break;
+      }
+    }
+    for (int64_t j = 0; miss < 0 && j < n.sinks; ++j) {
+      if (!available(j)) miss = j;
+    }
+    if (miss < 0) return x;
+    x = miss * bs / unit * unit;
+  }
+  return 0;
+}
+
+// Full attention: needs every block before the position; the only kind that evicts by policy
+// (sparse KV), and the one whose cached reach marks where prefixes branch.
+class FullAttentionGroup : public TokenGroup {
+ public:
+  using TokenGroup::TokenGroup;
+
+  NeededBlocks Needed(int64_t x) const override;
+  void BeginSearch() override { cached_prefix_ = -1; }
+  int64_t LookupBound(const Request& r, int64_t x, int64_t cap) override;
+  bool BranchReach(const Request& r, int64_t cap, int64_t hit, int64_t& reach,
+                   bool& held) const override;
+  Result<EvictResult> Evict(Request& r, int64_t keep, int64_t unchanged) override;
+
+ private:
+  // Within one fixed point: cached blocks counted from the front (-1: not yet counted).
+  int64_t cached_prefix_ = -1;
+};
+
+// Sliding window (with attention sinks) and chunked local attention: needs only the blocks the
+// span reaches back to, releases the others at Commit, and keeps those at its request's branch
+// point until the request ends (giving them back first when memory is short).
+class WindowGroup : public TokenGroup {
+ public:
+  using TokenGroup::TokenGroup;
+
+  NeededBlocks Needed(int64_t x) const override;
+  int64_t LookupBound(const Request& r, int64_t x, int64_t cap) override;
+  int64_t TruncateBound(const Request& r, int64_t x, int64_t new_known) const override;
+  void Commit(Request& r, int64_t computed, int64_t publish_limit) override;
+  void CollectForRelease(Request& r, std::vector<std::pair<int64_t, int32_t>>& out) override;
+  void GiveBackBranch(Request& q, std::vector<GivenBack>& out) override;
+  void RestoreGivenBack(const GivenBack& g) override;
+};
+
+}  // namespace hkv::manager_internal
