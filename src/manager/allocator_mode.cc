@@ -79,6 +79,37 @@ struct Bucket {
   std::vector<int32_t> layers;
 };
 
+// Layers with the same rule, per-token (or per-state) bytes and block size share a bucket; an
+// attention layer's block grows until its page is the common one.
+Status FillBuckets(const ModelSpec& model, int64_t block, int64_t page,
+                   std::vector<Bucket>& buckets) {
+  for (size_t i = 0; i < model.layers.size(); ++i) {
+    const LayerSpec& l = model.layers[i];
+    if (!l.owns_kv() && !l.owns_state()) continue;
+    Bucket b;
+    b.rule = TokenRuleOf(l);
+    if (l.owns_kv()) {
+      const int64_t layer_page = block * l.kv_bytes_per_token();
+      if (page % layer_page != 0) {
+        return Status::InvalidArgument(fmt::format(
+            "padded: model layer {} has a {}-byte page that does not divide the {}-byte page of "
+            "the largest layer, so no block size gives them one page size",
+            l.layer, layer_page, page));
+      }
+      b.layer_bytes = l.kv_bytes_per_token();
+      b.block_tokens = static_cast<int32_t>(block * (page / layer_page));
+    } else {
+      b.layer_bytes = l.state_bytes();
+    }
+    auto it = std::find_if(buckets.begin(), buckets.end(), [&](const Bucket& x) {
+      return x.rule == b.rule && x.layer_bytes == b.layer_bytes && x.block_tokens == b.block_tokens;
+    });
+    if (it == buckets.end()) it = buckets.insert(buckets.end(), b);
+    it->layers.push_back(static_cast<int32_t>(i));
+  }
+  return Status::Ok();
+}
+
 Result<Allocator> MakePadded(const ModelSpec& model, const AllocatorOptions& o) {
   // Attention block growth so that one attention page holds a recurrent state.
   int64_t attn_1tok = 0, state_page = 0;
@@ -104,30 +135,7 @@ Result<Allocator> MakePadded(const ModelSpec& model, const AllocatorOptions& o) 
     if (l.owns_state()) page = std::max(page, l.state_bytes());
   }
   std::vector<Bucket> buckets;
-  for (size_t i = 0; i < model.layers.size(); ++i) {
-    const LayerSpec& l = model.layers[i];
-    if (!l.owns_kv() && !l.owns_state()) continue;
-    Bucket b;
-    b.rule = TokenRuleOf(l);
-    if (l.owns_kv()) {
-      const int64_t layer_page = block * l.kv_bytes_per_token();
-      if (page % layer_page != 0) {
-        return Status::InvalidArgument(fmt::format(
-            "padded: model layer {} has a {}-byte page that does not divide the {}-byte page of "
-            "the largest layer, so no block size gives them one page size",
-            l.layer, layer_page, page));
-      }
-      b.layer_bytes = l.kv_bytes_per_token();
-      b.block_tokens = static_cast<int32_t>(block * (page / layer_page));
-    } else {
-      b.layer_bytes = l.state_bytes();
-    }
-    auto it = std::find_if(buckets.begin(), buckets.end(), [&](const Bucket& x) {
-      return x.rule == b.rule && x.layer_bytes == b.layer_bytes && x.block_tokens == b.block_tokens;
-    });
-    if (it == buckets.end()) it = buckets.insert(buckets.end(), b);
-    it->layers.push_back(static_cast<int32_t>(i));
-  }
+  HKV_RETURN_IF_ERROR(FillBuckets(model, block, page, buckets));
   if (buckets.empty()) {
     return Status::InvalidArgument(
         fmt::format("padded: {} has no layer that keeps a cache", model.source));

@@ -49,6 +49,19 @@ bool Shared(const BlockPool& bp, int32_t b) {
   return bp.ref_count(b) > 1 || bp.has_identity(b);
 }
 
+// Blocks in table[from, to) the engine would write although others hold or can hit them.
+int64_t CountShared(const BlockPool& bp, const std::vector<int32_t>& table, size_t from, size_t to,
+                    size_t& first) {
+  int64_t n = 0;
+  for (size_t j = from; j < to; ++j) {
+    if (Shared(bp, table[j])) {
+      ++n;
+      first = std::min(first, j);
+    }
+  }
+  return n;
+}
+
 }  // namespace
 
 Result<EvictResult> FullAttentionGroup::Evict(Request& r, int64_t keep, int64_t unchanged) {
@@ -80,14 +93,8 @@ Result<EvictResult> FullAttentionGroup::Evict(Request& r, int64_t keep, int64_t 
   const auto new_blocks = static_cast<size_t>(CeilDiv(keep + lookahead, bs));
   const auto stay = static_cast<size_t>(unchanged / bs);
   BlockPool& bp = block_pool();
-  int64_t replace = 0;
   size_t first_replaced = new_blocks;
-  for (size_t j = stay; j < new_blocks; ++j) {
-    if (Shared(bp, ts.table[j])) {
-      ++replace;
-      first_replaced = std::min(first_replaced, j);
-    }
-  }
+  const int64_t replace = CountShared(bp, ts.table, stay, new_blocks, first_replaced);
   if (replace > 0) {
     std::fill(core_.need.begin(), core_.need.end(), 0);
     core_.need[static_cast<size_t>(pool())] = replace;

@@ -115,7 +115,13 @@ Status ManagerConfig::CheckMatches(const Plan& plan) const {
   return Status::Ok();
 }
 
-Status ManagerConfig::Validate() const {
+namespace {
+
+// Pools and slabs: every pool has its null block and one more; with two-level memory every pool
+// is carved from the same slabs.
+Status ValidatePools(const ManagerConfig& c) {
+  const std::vector<int32_t>& pool_blocks = c.pool_blocks;
+  const ArenaConfig& arena = c.arena;
   if (pool_blocks.empty()) return Status::InvalidArgument("manager config: no pools");
   for (size_t p = 0; p < pool_blocks.size(); ++p) {
     if (pool_blocks[p] < 2) {
@@ -148,47 +154,60 @@ Status ManagerConfig::Validate() const {
       }
     }
   }
+  return Status::Ok();
+}
+
+Status ValidateGroup(const ManagerConfig& c, size_t i) {
+  const GroupConfig& g = c.groups[i];
+  const std::vector<int32_t>& pool_blocks = c.pool_blocks;
+  if (g.pool < 0 || static_cast<size_t>(g.pool) >= pool_blocks.size()) {
+    return Status::InvalidArgument(
+        fmt::format("manager config: group {} uses pool {}, but there are {} pools", i, g.pool,
+                    pool_blocks.size()));
+  }
+  switch (g.rule.kind) {
+    case TokenRuleKind::kNothing:
+      return Status::InvalidArgument(fmt::format(
+          "manager config: group {} keeps nothing; layers that own no cache need no group", i));
+    case TokenRuleKind::kState:
+      if (g.block_tokens != 0) {
+        return Status::InvalidArgument(fmt::format(
+            "manager config: state group {} has block_tokens {}; a state block holds one "
+            "state, so it must be 0",
+            i, g.block_tokens));
+      }
+      break;
+    case TokenRuleKind::kWindow:
+    case TokenRuleKind::kChunk:
+      if (g.rule.span < 1) {
+        return Status::InvalidArgument(
+            fmt::format("manager config: group {} has span {}; expected >= 1", i, g.rule.span));
+      }
+      if (g.rule.sinks < 0) {
+        return Status::InvalidArgument(
+            fmt::format("manager config: group {} has {} sinks", i, g.rule.sinks));
+      }
+      [[fallthrough]];
+    case TokenRuleKind::kAll:
+    case TokenRuleKind::kEncoder:
+      if (g.block_tokens < 1) {
+        return Status::InvalidArgument(fmt::format(
+            "manager config: group {} has block_tokens {}; expected >= 1", i, g.block_tokens));
+      }
+      break;
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status ManagerConfig::Validate() const {
+  HKV_RETURN_IF_ERROR(ValidatePools(*this));
   if (groups.empty()) return Status::InvalidArgument("manager config: no groups");
   bool has_encoder = false;
   for (size_t i = 0; i < groups.size(); ++i) {
-    const GroupConfig& g = groups[i];
-    if (g.pool < 0 || static_cast<size_t>(g.pool) >= pool_blocks.size()) {
-      return Status::InvalidArgument(
-          fmt::format("manager config: group {} uses pool {}, but there are {} pools", i, g.pool,
-                      pool_blocks.size()));
-    }
-    switch (g.rule.kind) {
-      case TokenRuleKind::kNothing:
-        return Status::InvalidArgument(fmt::format(
-            "manager config: group {} keeps nothing; layers that own no cache need no group", i));
-      case TokenRuleKind::kState:
-        if (g.block_tokens != 0) {
-          return Status::InvalidArgument(fmt::format(
-              "manager config: state group {} has block_tokens {}; a state block holds one "
-              "state, so it must be 0",
-              i, g.block_tokens));
-        }
-        break;
-      case TokenRuleKind::kWindow:
-      case TokenRuleKind::kChunk:
-        if (g.rule.span < 1) {
-          return Status::InvalidArgument(
-              fmt::format("manager config: group {} has span {}; expected >= 1", i, g.rule.span));
-        }
-        if (g.rule.sinks < 0) {
-          return Status::InvalidArgument(
-              fmt::format("manager config: group {} has {} sinks", i, g.rule.sinks));
-        }
-        [[fallthrough]];
-      case TokenRuleKind::kAll:
-      case TokenRuleKind::kEncoder:
-        if (g.block_tokens < 1) {
-          return Status::InvalidArgument(fmt::format(
-              "manager config: group {} has block_tokens {}; expected >= 1", i, g.block_tokens));
-        }
-        has_encoder = has_encoder || g.is_encoder();
-        break;
-    }
+    HKV_RETURN_IF_ERROR(ValidateGroup(*this, i));
+    has_encoder = has_encoder || groups[i].is_encoder();
   }
   if (max_model_len < 1) {
     return Status::InvalidArgument(
