@@ -1,6 +1,8 @@
 // EncoderGroup: the encoder's blocks, taken whole at the first step and shared by input digest.
 #include "encoder_group.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 namespace hkv::manager_internal {
@@ -38,6 +40,7 @@ Status EncoderGroup::PlanStep(const Request& r, const StepPlan& s, HitPlan& hp,
 void EncoderGroup::ApplyHit(Request& r, const StepPlan& s, HitPlan& hp) {
   if (!s.hit.encoder) return;
   const int64_t blocks = Blocks(r);
+  dirty(r.slot) = 0;
   for (int64_t i = 0; i < blocks; ++i) {
     const int32_t b = hp.blocks[hp.next++];
     core_.AcquireHeld(pool(), b);
@@ -49,6 +52,7 @@ void EncoderGroup::ApplyStep(Request& r, const StepPlan& s) {
   if (s.started || s.hit.encoder) return;
   const std::span<const int32_t> fresh = core_.AllocateReserved(pool(), Blocks(r));
   table(r.slot).assign(fresh.begin(), fresh.end());
+  dirty(r.slot) = 0;
 }
 
 void EncoderGroup::Commit(Request& r, int64_t, int64_t) {
@@ -61,6 +65,7 @@ void EncoderGroup::Commit(Request& r, int64_t, int64_t) {
 void EncoderGroup::Fork(const Request& parent, int32_t child_slot) {
   std::vector<int32_t>& t = table(child_slot);
   t = table(parent.slot);
+  dirty(child_slot) = 0;
   for (int32_t b : t) {
     if (b != BlockPool::kNullBlock) core_.AcquireHeld(pool(), b);
   }
@@ -75,14 +80,27 @@ void EncoderGroup::Free(Request& r) {
   }
   core_.Release(pool(), to_release, r.retention);
   t.clear();
+  dirty(r.slot) = 0;
 }
 
 void EncoderGroup::Remap(int32_t slot, std::span<const int32_t> moved_to) {
-  for (int32_t& b : table(slot)) {
-    if (b != BlockPool::kNullBlock && moved_to[static_cast<size_t>(b)] != BlockPool::kNullBlock) {
-      b = moved_to[static_cast<size_t>(b)];
+  std::vector<int32_t>& t = table(slot);
+  for (size_t i = 0; i < t.size(); ++i) {
+    if (t[i] != BlockPool::kNullBlock &&
+        moved_to[static_cast<size_t>(t[i])] != BlockPool::kNullBlock) {
+      t[i] = moved_to[static_cast<size_t>(t[i])];
+      dirty(slot) = std::min(dirty(slot), static_cast<int32_t>(i));
     }
   }
+}
+
+bool EncoderGroup::TakeDelta(int32_t slot, TableDelta& out) {
+  const std::vector<int32_t>& t = table(slot);
+  out.size = static_cast<int32_t>(t.size());
+  out.from = std::min(dirty(slot), out.size);
+  out.blocks = std::span<const int32_t>(t).subspan(static_cast<size_t>(out.from));
+  dirty(slot) = out.size;
+  return true;
 }
 
 Status EncoderGroup::CheckRequest(const Request& r, std::vector<int32_t>& refs) const {

@@ -16,8 +16,14 @@ class EncoderGroup : public GroupManager {
  public:
   using GroupManager::GroupManager;
 
-  void AddSlot() override { tables_.emplace_back(); }
-  void ClearSlot(int32_t slot) override { table(slot).clear(); }
+  void AddSlot() override {
+    tables_.emplace_back();
+    dirty_from_.push_back(0);
+  }
+  void ClearSlot(int32_t slot) override {
+    table(slot).clear();
+    dirty(slot) = 0;
+  }
   int64_t LookupBound(const Request&, int64_t x, int64_t) override { return x; }
   int32_t CountLoads(const Request&, int64_t) const override { return 0; }
   bool EncoderCached(const Request& r) const override;
@@ -35,9 +41,11 @@ class EncoderGroup : public GroupManager {
   std::span<const int32_t> Table(int32_t slot) const override {
     return tables_[static_cast<size_t>(slot)];
   }
+  bool TakeDelta(int32_t slot, TableDelta& out) override;
 
  private:
   std::vector<int32_t>& table(int32_t slot) { return tables_[static_cast<size_t>(slot)]; }
+  int32_t& dirty(int32_t slot) { return dirty_from_[static_cast<size_t>(slot)]; }
   int64_t Blocks(const Request& r) const {
     return CeilDiv(r.encoder_tokens, config().block_tokens);
   }
@@ -46,6 +54,7 @@ class EncoderGroup : public GroupManager {
   }
 
   std::vector<std::vector<int32_t>> tables_;  // per slot
+  std::vector<int32_t> dirty_from_;           // per slot: entries before it as last taken
 };
 
 }  // namespace hkv::manager_internal

@@ -117,7 +117,9 @@ Result<EvictResult> FullAttentionGroup::Evict(Request& r, int64_t keep, int64_t 
     to_release.push_back(ts.table[j - 1]);
   out.blocks_released = static_cast<int32_t>(to_release.size());
   ts.table.resize(new_blocks);
+  ts.Touch(new_blocks);
   if (replace > 0) {
+    ts.Touch(first_replaced);
     const std::span<const int32_t> fresh = core_.AllocateReserved(pool(), replace);
     size_t k = 0;
     const size_t tail = to_release.size();

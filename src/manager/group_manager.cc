@@ -48,6 +48,9 @@ std::span<const int32_t> GroupManager::Table(int32_t) const {
 int64_t GroupManager::Evicted(int32_t) const {
   return 0;
 }
+bool GroupManager::TakeDelta(int32_t, TableDelta&) {
+  return false;
+}
 StateStep GroupManager::StepState(int32_t) const {
   return {};
 }

@@ -147,6 +147,8 @@ class GroupManager {
   virtual bool HoldsLoadTarget(const Request& r, const BlockLoad& l) const = 0;
   virtual std::span<const int32_t> Table(int32_t slot) const;
   virtual int64_t Evicted(int32_t slot) const;
+  // The table entries changed since the last call (false: the group keeps no table).
+  virtual bool TakeDelta(int32_t slot, TableDelta& out);
   virtual StateStep StepState(int32_t slot) const;
 
  protected:

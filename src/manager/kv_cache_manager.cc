@@ -408,6 +408,18 @@ Status KvCacheManager::SlotMapping(RequestId id, int32_t group, int64_t begin, i
   return st;
 }
 
+Result<TableDelta> KvCacheManager::TakeTableDelta(RequestId id, int32_t group) {
+  const Request* r = impl_->Find(id);
+  if (r == nullptr) return impl_->Unknown("table delta", id);
+  HKV_RETURN_IF_ERROR(CheckGroup(impl_->config, "table delta", group));
+  TableDelta out;
+  if (!impl_->group(static_cast<size_t>(group)).TakeDelta(r->slot, out)) {
+    return Status::InvalidArgument(
+        fmt::format("table delta: group {} is a state group; use State()", group));
+  }
+  return out;
+}
+
 Result<StateStep> KvCacheManager::State(RequestId id, int32_t group) const {
   const Request* r = impl_->Find(id);
   if (r == nullptr) return impl_->Unknown("state", id);

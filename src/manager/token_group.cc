@@ -54,6 +54,7 @@ void TokenGroup::ApplyHit(Request& r, const StepPlan& s, HitPlan& hp) {
   TokenSlot& ts = slot_at(r.slot);
   const NeededBlocks nb = Needed(s.begin);
   ts.table.assign(static_cast<size_t>(nb.hi), BlockPool::kNullBlock);
+  ts.dirty_from = 0;
   for (int64_t j = 0; j < nb.hi; ++j) {
     if (j >= nb.sinks && j < nb.lo) continue;
     const int32_t b = hp.blocks[hp.next++];
@@ -71,7 +72,9 @@ void TokenGroup::ApplyHit(Request& r, const StepPlan& s, HitPlan& hp) {
 }
 
 void TokenGroup::PlaceLoad(Request& r, int64_t index, int32_t block) {
-  slot_at(r.slot).table[static_cast<size_t>(index)] = block;
+  TokenSlot& ts = slot_at(r.slot);
+  ts.table[static_cast<size_t>(index)] = block;
+  ts.Touch(static_cast<size_t>(index));
 }
 
 void TokenGroup::ApplyStep(Request& r, const StepPlan& s) {
@@ -79,16 +82,19 @@ void TokenGroup::ApplyStep(Request& r, const StepPlan& s) {
   TokenSlot& ts = slot_at(r.slot);
   const int64_t bs = block_tokens();
   if (s.started && (s.begin - ts.evicted) % bs != 0) {
-    int32_t& b = ts.table[static_cast<size_t>((s.begin - ts.evicted) / bs)];
+    const auto k = static_cast<size_t>((s.begin - ts.evicted) / bs);
+    int32_t& b = ts.table[k];
     if (bp.ref_count(b) > 1 || bp.has_identity(b)) {
       const int32_t copy = core_.AllocateReserved(pool(), 1)[0];
       r.copies.push_back({group_, b, copy});
       b = copy;
+      ts.Touch(k);
     }
   }
   const int64_t want = CeilDiv(s.reserve - ts.evicted, bs) - static_cast<int64_t>(ts.table.size());
   if (want > 0) {
     const std::span<const int32_t> fresh = core_.AllocateReserved(pool(), want);
+    ts.Touch(ts.table.size());
     ts.table.insert(ts.table.end(), fresh.begin(), fresh.end());
   }
 }
@@ -116,6 +122,7 @@ void TokenGroup::Truncate(Request& r, int64_t x, int64_t new_known) {
     if (b != BlockPool::kNullBlock) continue;
     b = bp.Find(Key(r, j));
     core_.AcquireHeld(pool(), b);
+    ts.Touch(static_cast<size_t>(j));
   }
   const auto keep = static_cast<size_t>(CeilDiv(x, bs));
   std::vector<int32_t>& to_release = core_.to_release;
@@ -124,6 +131,7 @@ void TokenGroup::Truncate(Request& r, int64_t x, int64_t new_known) {
     if (ts.table[j - 1] != BlockPool::kNullBlock) to_release.push_back(ts.table[j - 1]);
   }
   ts.table.resize(keep);
+  ts.Touch(keep);
   core_.Release(pool(), to_release, r.retention);
   ts.num_published =
       std::min<int32_t>(ts.num_published, static_cast<int32_t>(std::min(x, new_known) / bs));
@@ -137,6 +145,7 @@ void TokenGroup::Fork(const Request& parent, int32_t child_slot) {
   // Tables end at the parent's computed positions (its lookahead stays its own).
   const auto keep = static_cast<size_t>(CeilDiv(parent.computed - cs.evicted, block_tokens()));
   cs.table.resize(keep);
+  cs.dirty_from = 0;  // a new request: the engine has none of it
   for (int32_t b : cs.table) {
     if (b != BlockPool::kNullBlock) core_.AcquireHeld(pool(), b);
   }
@@ -173,11 +182,24 @@ void TokenGroup::Abandon(Request& r) {
 }
 
 void TokenGroup::Remap(int32_t slot, std::span<const int32_t> moved_to) {
-  for (int32_t& b : slot_at(slot).table) {
+  TokenSlot& ts = slot_at(slot);
+  for (size_t j = 0; j < ts.table.size(); ++j) {
+    int32_t& b = ts.table[j];
     if (b != BlockPool::kNullBlock && moved_to[static_cast<size_t>(b)] != BlockPool::kNullBlock) {
       b = moved_to[static_cast<size_t>(b)];
+      ts.Touch(j);
     }
   }
+}
+
+bool TokenGroup::TakeDelta(int32_t slot, TableDelta& out) {
+  TokenSlot& ts = slot_at(slot);
+  const auto size = static_cast<int32_t>(ts.table.size());
+  out.size = size;
+  out.from = std::min(ts.dirty_from, size);
+  out.blocks = std::span<const int32_t>(ts.table).subspan(static_cast<size_t>(out.from));
+  ts.dirty_from = size;
+  return true;
 }
 
 Status TokenGroup::CheckRequest(const Request& r, std::vector<int32_t>& refs) const {

@@ -9,6 +9,7 @@
 // Private to src/manager.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -23,13 +24,17 @@ struct TokenSlot {
   // Full attention after Evict (sparse KV): positions dropped from the table, which then
   // indexes cache slots (slot = position - evicted for the positions computed since).
   int64_t evicted = 0;
+  // Entries before this are as the engine last took them (TakeDelta).
+  int32_t dirty_from = 0;
 
   void Clear() {
     table.clear();
     num_published = 0;
     release_from = 0;
     evicted = 0;
+    dirty_from = 0;
   }
+  void Touch(size_t index) { dirty_from = std::min(dirty_from, static_cast<int32_t>(index)); }
 };
 
 class TokenGroup : public GroupManager {
@@ -57,6 +62,7 @@ class TokenGroup : public GroupManager {
   bool HoldsLoadTarget(const Request& r, const BlockLoad& l) const override;
   std::span<const int32_t> Table(int32_t slot) const override { return slot_at(slot).table; }
   int64_t Evicted(int32_t slot) const override { return slot_at(slot).evicted; }
+  bool TakeDelta(int32_t slot, TableDelta& out) override;
 
  protected:
   int64_t block_tokens() const { return config().block_tokens; }

@@ -576,6 +576,8 @@ class FakeEngine {
     int64_t removed_at_add = 0;
     int64_t resets_at_add = 0;
     std::optional<OpenStep> step;
+    // Per token group: the block table as the engine rebuilt it from TakeTableDelta alone.
+    std::vector<std::vector<int32_t>> mirror;
   };
 
   const Seq* Find(RequestId id) const {
@@ -864,6 +866,7 @@ class FakeEngine {
         continue;
       }
       st.tables[gi].assign(t->begin(), t->end());
+      CheckDelta(q, group, *t);
       if (g.is_encoder()) {
         const int64_t need = (q.spec.encoder_tokens + g.block_tokens - 1) / g.block_tokens;
         if (static_cast<int64_t>(st.tables[gi].size()) < need)
@@ -903,6 +906,44 @@ class FakeEngine {
     }
     q.step = std::move(st);
     pending_.push_back(q.spec.id);
+  }
+
+  // An engine that keeps tables on its side applies only the deltas: rebuilt that way, a table
+  // must hold every entry the manager's table holds (released entries are never read again).
+  void CheckDelta(Seq& q, int32_t group, std::span<const int32_t> table) {
+    const auto gi = static_cast<size_t>(group);
+    if (q.mirror.size() <= gi) q.mirror.resize(cfg_.groups.size());
+    std::vector<int32_t>& mirror = q.mirror[gi];
+    Result<TableDelta> d = m_.TakeTableDelta(q.spec.id, group);
+    if (!d.ok()) {
+      Violation("TakeTableDelta(group " + std::to_string(group) +
+                ") failed: " + d.status().ToString());
+      return;
+    }
+    if (d->from < 0 || d->from > d->size ||
+        d->blocks.size() != static_cast<size_t>(d->size - d->from)) {
+      Violation("TakeTableDelta(group " + std::to_string(group) + ") reports [" +
+                std::to_string(d->from) + ", " + std::to_string(d->size) + ") with " +
+                std::to_string(d->blocks.size()) + " blocks");
+      return;
+    }
+    mirror.resize(static_cast<size_t>(d->size));
+    std::copy(d->blocks.begin(), d->blocks.end(), mirror.begin() + d->from);
+    if (mirror.size() != table.size()) {
+      Violation("the table of request " + Id(q.spec.id) + " group " + std::to_string(group) +
+                " rebuilt from deltas has " + std::to_string(mirror.size()) +
+                " entries, the table " + std::to_string(table.size()));
+      return;
+    }
+    for (size_t j = 0; j < table.size(); ++j) {
+      if (table[j] != 0 && mirror[j] != table[j]) {
+        Violation("the table of request " + Id(q.spec.id) + " group " + std::to_string(group) +
+                  " rebuilt from deltas has block " + std::to_string(mirror[j]) + " at " +
+                  std::to_string(j) + ", the table " + std::to_string(table[j]));
+        mirror.assign(table.begin(), table.end());
+        return;
+      }
+    }
   }
 
   // The tables of a request with an open step must not change under other requests' calls.

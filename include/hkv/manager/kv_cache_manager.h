@@ -187,6 +187,14 @@ class KvCacheManager {
   Status SlotMapping(RequestId id, int32_t group, int64_t begin, int64_t end,
                      std::span<int64_t> out) const;
   Result<StateStep> State(RequestId id, int32_t group) const;
+  // Per-step delta of a token or encoder group's block table: the entries that changed since the
+  // last TakeTableDelta for this request and group (all of them the first time). A decode step
+  // usually changes none or appends one; Truncate, Evict, copy-on-write and Compact may change
+  // earlier entries, which are then reported from the first one changed. Entries a window or
+  // chunk released are not reported (nothing reads them again; they read as the old id or 0).
+  // Marks the table taken, so the next call reports only later changes; the view stays valid
+  // until the next mutating call. Errors: unknown request, group out of range, a state group.
+  Result<TableDelta> TakeTableDelta(RequestId id, int32_t group);
 
   // Request facts.
   bool Contains(RequestId id) const;

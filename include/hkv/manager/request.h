@@ -81,6 +81,16 @@ struct StateStep {
   std::span<const StateSnapshot> snapshots;  // in position order
 };
 
+// What changed in one token or encoder group's block table since the engine last took it
+// (KvCacheManager::TakeTableDelta): the table now has `size` entries, of which [from, size) are
+// `blocks` and [0, from) are as last taken. An engine that keeps each request's table where its
+// kernels read it copies only these.
+struct TableDelta {
+  int32_t size = 0;
+  int32_t from = 0;
+  std::span<const int32_t> blocks;
+};
+
 // What the engine must do for a request in the current step.
 struct StepInfo {
   int64_t begin = 0;         // first position to compute (== computed tokens before the step)
