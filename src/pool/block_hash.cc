@@ -1,3 +1,4 @@
+#include <bit>
 #include <cstring>
 
 #include <hkv/pool/block_hash.h>
@@ -85,9 +86,13 @@ BlockHash HashBlock(const BlockHash& parent, std::span<const int32_t> tokens,
   d.Hash(parent);
   d.Tagged(kTokens);
   d.U64(tokens.size());
-  // Tokens go in as 4-byte little-endian words.
-  for (int32_t t : tokens)
-    d.U32(static_cast<uint32_t>(t));
+  // Tokens go in as 4-byte little-endian words: on a little-endian host that is their memory.
+  if constexpr (std::endian::native == std::endian::little) {
+    d.Bytes(tokens.data(), tokens.size_bytes());
+  } else {
+    for (int32_t t : tokens)
+      d.U32(static_cast<uint32_t>(t));
+  }
   if (extra.adapter_id != 0) {
     d.Tagged(kAdapter);
     d.U64(extra.adapter_id);
