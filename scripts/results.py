@@ -1,9 +1,8 @@
 #!/usr/bin/python3
-"""Regenerates every result table of README.md and docs/results.md from the repository alone.
+"""Regenerates every result table of docs/results.md from the repository alone.
 
 Traces come from `hkv trace gen` (seeded), figures from `hkv simulate --json`; nothing is typed
-in by hand. docs/results.md gets every table; README.md the block between its
-`<!-- results:begin -->` and `<!-- results:end -->` markers. Called by scripts/results.sh, which
+in by hand. Called by scripts/results.sh, which
 builds the release CLI first. Manager times are measured side by side in one run per table row;
 on a shared machine only their ratios mean something.
 """
@@ -120,7 +119,7 @@ def main():
         c150, _ = pressure_table(r, 150)
     elapsed = time.time() - t0
 
-    readme_block = [
+    main_tables = [
         "### Default trace, 16 GiB (`hkv simulate MODEL`: 1000 requests, seed 7, a session every "
         "150 steps)", "", *a, "",
         "### Under memory pressure: vLLM against hybridkv (preemptions / hit rate)", "",
@@ -130,7 +129,7 @@ def main():
     ]
     results = [
         "# Results", "",
-        "Every table here and in the README is written by `scripts/results.sh` (this run took "
+        "Every table here is written by `scripts/results.sh` (this run took "
         f"{elapsed:.0f} s after the build); do not edit by hand. Figures are deterministic "
         "except manager times.", "",
         "`vllm` is vLLM v1's own KV cache manager and scheduler rules (held equal to the real "
@@ -139,7 +138,7 @@ def main():
         "each request's first admission / prompt tokens; ideal = the same with an infinite cache at "
         "the mode's hit granularity; splits/step = recurrent checkpoints inside prefill chunks per "
         "step (hkv caps them at 2 per request and step; vLLM has none by construction).", "",
-        *readme_block,
+        *main_tables,
         "### The same, a session every 150 steps (moderate load)", "", *c150, "",
         "### Load sweep, Gemma-2-9B, 16 GiB (preemptions / hit rate)", "",
         "`hkv trace gen --requests 1000 --seed 7 --session-gap G`.", "", *b, "",
@@ -151,18 +150,8 @@ def main():
     ]
     with open(os.path.join(ROOT, "docs", "results.md"), "w") as f:
         f.write("\n".join(results))
-    readme = open(os.path.join(ROOT, "README.md")).read()
-    begin, end = "<!-- results:begin -->", "<!-- results:end -->"
-    if begin not in readme or end not in readme:
-        sys.exit("README.md has no results markers")
-    pre, rest = readme.split(begin, 1)
-    _, post = rest.split(end, 1)
-    block = "\n".join([begin, "<!-- written by scripts/results.sh; do not edit -->", "",
-                       *readme_block, end])
-    with open(os.path.join(ROOT, "README.md"), "w") as f:
-        f.write(pre + block + post)
     print("\n".join(results))
-    print(f"results: docs/results.md and README.md written in {elapsed:.0f} s")
+    print(f"results: docs/results.md written in {elapsed:.0f} s")
 
 
 if __name__ == "__main__":

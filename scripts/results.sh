@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerates every result table of README.md and docs/results.md from nothing but the repo:
+# Regenerates every result table of docs/results.md from nothing but the repo:
 # builds the release CLI, generates the traces, replays them and writes the tables
 # (scripts/results.py). About 5 minutes on a 2-core machine after the build.
 set -euo pipefail
