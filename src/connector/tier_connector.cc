@@ -1,5 +1,10 @@
 // TierConnector: write-through offload of published blocks, background loads of external hits.
+#include <condition_variable>
+#include <deque>
+#include <mutex>
 #include <string>
+#include <thread>
+#include <unordered_map>
 
 #include <fmt/format.h>
 
@@ -8,9 +13,35 @@
 
 namespace hkv {
 
+struct TierConnector::State {
+  struct Job {
+    RequestId id = 0;
+    std::vector<BlockLoad> loads;
+    LoadState state = LoadState::kPending;
+    bool cancelled = false;
+  };
+  State(const BlockMemoryView& v, std::vector<Tier*> t) : view(v), tiers(std::move(t)) {}
+
+  const BlockMemoryView& view;
+  std::vector<Tier*> tiers;
+  mutable std::mutex tier_mu;  // serialises tier calls
+
+  mutable std::mutex mu;  // guards everything below
+  std::condition_variable cv;
+  std::deque<RequestId> queue;
+  std::unordered_map<RequestId, Job> jobs;
+  RequestId running = 0;
+  bool busy = false;
+  bool stop = false;
+  TierConnectorStats stats;
+  std::string last_failure;
+  std::vector<ExportBlock> scratch_export;
+  std::thread worker;
+};
+
 TierConnector::TierConnector(const BlockMemoryView& view, std::vector<Tier*> tiers)
-    : view_(view), tiers_(std::move(tiers)) {
-  worker_ = std::thread([this] { Run(); });
+    : s_(std::make_unique<State>(view, std::move(tiers))) {
+  s_->worker = std::thread([this] { Run(); });
 }
 
 Result<std::unique_ptr<TierConnector>> TierConnector::Create(const BlockMemoryView& view,
@@ -26,18 +57,18 @@ Result<std::unique_ptr<TierConnector>> TierConnector::Create(const BlockMemoryVi
 
 TierConnector::~TierConnector() {
   {
-    std::lock_guard lock(mu_);
-    stop_ = true;
-    for (auto& [id, job] : jobs_)
+    std::lock_guard lock(s_->mu);
+    s_->stop = true;
+    for (auto& [id, job] : s_->jobs)
       job.cancelled = true;
   }
-  cv_.notify_all();
-  worker_.join();
+  s_->cv.notify_all();
+  s_->worker.join();
 }
 
 bool TierConnector::Has(const PrefixKey& key) const {
-  std::lock_guard lock(tier_mu_);
-  for (const Tier* t : tiers_) {
+  std::lock_guard lock(s_->tier_mu);
+  for (const Tier* t : s_->tiers) {
     if (t->Contains(key)) return true;
   }
   return false;
@@ -45,36 +76,36 @@ bool TierConnector::Has(const PrefixKey& key) const {
 
 Status TierConnector::Store(std::span<const ManagerEvent> events) {
   // Check every event first, so a bad one stores nothing.
-  scratch_export_.clear();
+  s_->scratch_export.clear();
   for (const ManagerEvent& e : events) {
     if (e.kind != KvEvent::Kind::kStored) continue;
-    if (e.group < 0 || e.group >= view_.num_groups()) {
+    if (e.group < 0 || e.group >= s_->view.num_groups()) {
       return Status::InvalidArgument(fmt::format(
           "tier connector: stored event for block {} names group {}; the memory view has {}",
-          e.block, e.group, view_.num_groups()));
+          e.block, e.group, s_->view.num_groups()));
     }
-    if (const int32_t pool = view_.group(e.group).pool; !view_.ValidBlock(pool, e.block)) {
+    if (const int32_t pool = s_->view.group(e.group).pool; !s_->view.ValidBlock(pool, e.block)) {
       return Status::InvalidArgument(fmt::format(
           "tier connector: stored event for block {} of group {}: outside pool {} (ids {}..{})",
-          e.block, e.group, pool, view_.first_block(pool),
-          view_.first_block(pool) + view_.num_blocks(pool) - 1));
+          e.block, e.group, pool, s_->view.first_block(pool),
+          s_->view.first_block(pool) + s_->view.num_blocks(pool) - 1));
     }
-    scratch_export_.push_back({e.group, e.block, PrefixKey{e.hash, e.group}});
+    s_->scratch_export.push_back({e.group, e.block, PrefixKey{e.hash, e.group}});
   }
   std::vector<unsigned char> bytes;
   int64_t stored = 0, put_bytes = 0, refused = 0;
   {
-    std::lock_guard lock(tier_mu_);
-    for (const ExportBlock& b : scratch_export_) {
+    std::lock_guard lock(s_->tier_mu);
+    for (const ExportBlock& b : s_->scratch_export) {
       bool missing = false;
-      for (const Tier* t : tiers_)
+      for (const Tier* t : s_->tiers)
         missing = missing || !t->Contains(*b.key);
       if (!missing) continue;  // every tier has it: a Put would only refresh its recency
-      HKV_ASSIGN_OR_RETURN(const int64_t size, ExportedBytes(view_, {&b, 1}));
+      HKV_ASSIGN_OR_RETURN(const int64_t size, ExportedBytes(s_->view, {&b, 1}));
       bytes.resize(static_cast<size_t>(size));
-      HKV_RETURN_IF_ERROR(ExportBlocks(view_, {&b, 1}, bytes));
+      HKV_RETURN_IF_ERROR(ExportBlocks(s_->view, {&b, 1}, bytes));
       bool any = false;
-      for (Tier* t : tiers_) {
+      for (Tier* t : s_->tiers) {
         if (t->Contains(*b.key)) continue;
         if (t->Put(*b.key, bytes).ok()) {
           any = true;
@@ -86,10 +117,10 @@ Status TierConnector::Store(std::span<const ManagerEvent> events) {
       stored += any ? 1 : 0;
     }
   }
-  std::lock_guard lock(mu_);
-  stats_.blocks_stored += stored;
-  stats_.bytes_stored += put_bytes;
-  stats_.store_refusals += refused;
+  std::lock_guard lock(s_->mu);
+  s_->stats.blocks_stored += stored;
+  s_->stats.bytes_stored += put_bytes;
+  s_->stats.store_refusals += refused;
   return Status::Ok();
 }
 
@@ -98,96 +129,96 @@ Status TierConnector::StartLoad(RequestId id, std::span<const BlockLoad> loads) 
     return Status::InvalidArgument(fmt::format("tier connector: request {}: no loads", id));
   }
   for (const BlockLoad& l : loads) {
-    if (l.group < 0 || l.group >= view_.num_groups()) {
+    if (l.group < 0 || l.group >= s_->view.num_groups()) {
       return Status::InvalidArgument(fmt::format(
           "tier connector: request {}: load into block {} names group {}; the memory view has {}",
-          id, l.block, l.group, view_.num_groups()));
+          id, l.block, l.group, s_->view.num_groups()));
     }
-    if (view_.group(l.group).pool != l.pool) {
+    if (s_->view.group(l.group).pool != l.pool) {
       return Status::InvalidArgument(fmt::format(
           "tier connector: request {}: load into block {} of group {} names pool {}; the group's "
           "blocks are of pool {}",
-          id, l.block, l.group, l.pool, view_.group(l.group).pool));
+          id, l.block, l.group, l.pool, s_->view.group(l.group).pool));
     }
-    if (!view_.ValidBlock(l.pool, l.block)) {
+    if (!s_->view.ValidBlock(l.pool, l.block)) {
       return Status::InvalidArgument(fmt::format(
           "tier connector: request {}: load into block {} of group {}: outside pool {} (ids "
           "{}..{})",
-          id, l.block, l.group, l.pool, view_.first_block(l.pool),
-          view_.first_block(l.pool) + view_.num_blocks(l.pool) - 1));
+          id, l.block, l.group, l.pool, s_->view.first_block(l.pool),
+          s_->view.first_block(l.pool) + s_->view.num_blocks(l.pool) - 1));
     }
   }
   {
-    std::lock_guard lock(mu_);
-    if (jobs_.count(id) > 0) {
+    std::lock_guard lock(s_->mu);
+    if (s_->jobs.count(id) > 0) {
       return Status::InvalidArgument(
           fmt::format("tier connector: request {} already has a load job", id));
     }
-    Job& job = jobs_[id];
+    State::Job& job = s_->jobs[id];
     job.id = id;
     job.loads.assign(loads.begin(), loads.end());
-    queue_.push_back(id);
-    ++stats_.loads_started;
+    s_->queue.push_back(id);
+    ++s_->stats.loads_started;
   }
-  cv_.notify_all();
+  s_->cv.notify_all();
   return Status::Ok();
 }
 
 TierConnector::LoadState TierConnector::Poll(RequestId id) const {
-  std::lock_guard lock(mu_);
-  auto it = jobs_.find(id);
-  return it == jobs_.end() ? LoadState::kFailed : it->second.state;
+  std::lock_guard lock(s_->mu);
+  auto it = s_->jobs.find(id);
+  return it == s_->jobs.end() ? LoadState::kFailed : it->second.state;
 }
 
 TierConnector::LoadState TierConnector::Wait(RequestId id) {
-  std::unique_lock lock(mu_);
-  cv_.wait(lock, [&] {
-    auto it = jobs_.find(id);
-    return it == jobs_.end() || it->second.state != LoadState::kPending;
+  std::unique_lock lock(s_->mu);
+  s_->cv.wait(lock, [&] {
+    auto it = s_->jobs.find(id);
+    return it == s_->jobs.end() || it->second.state != LoadState::kPending;
   });
-  auto it = jobs_.find(id);
-  return it == jobs_.end() ? LoadState::kFailed : it->second.state;
+  auto it = s_->jobs.find(id);
+  return it == s_->jobs.end() ? LoadState::kFailed : it->second.state;
 }
 
 void TierConnector::Forget(RequestId id) {
   Cancel(id);
-  std::lock_guard lock(mu_);
-  jobs_.erase(id);
+  std::lock_guard lock(s_->mu);
+  s_->jobs.erase(id);
 }
 
 void TierConnector::Cancel(RequestId id) {
-  std::unique_lock lock(mu_);
-  auto it = jobs_.find(id);
-  if (it == jobs_.end()) return;
+  std::unique_lock lock(s_->mu);
+  auto it = s_->jobs.find(id);
+  if (it == s_->jobs.end()) return;
   it->second.cancelled = true;
   // The worker checks the flag between blocks; wait until it no longer writes this job's blocks.
-  cv_.wait(lock, [&] { return !(busy_ && running_ == id); });
+  s_->cv.wait(lock, [&] { return !(s_->busy && s_->running == id); });
   if (it->second.state == LoadState::kPending) it->second.state = LoadState::kFailed;
-  std::erase(queue_, id);
-  cv_.notify_all();
+  std::erase(s_->queue, id);
+  s_->cv.notify_all();
 }
 
 bool TierConnector::HasJob(RequestId id) const {
-  std::lock_guard lock(mu_);
-  return jobs_.count(id) > 0;
+  std::lock_guard lock(s_->mu);
+  return s_->jobs.count(id) > 0;
 }
 
 TierConnectorStats TierConnector::stats() const {
-  std::lock_guard lock(mu_);
-  return stats_;
+  std::lock_guard lock(s_->mu);
+  return s_->stats;
 }
 
 std::string TierConnector::last_failure() const {
-  std::lock_guard lock(mu_);
-  return last_failure_;
+  std::lock_guard lock(s_->mu);
+  return s_->last_failure;
 }
 
 Status TierConnector::LoadOne(const BlockLoad& load, std::vector<StreamBlock>& parsed) {
   std::vector<unsigned char> bytes;
   Status why = Status::NotFound(fmt::format("no tier holds the block of group {}", load.group));
   {
-    std::lock_guard lock(tier_mu_);
-    for (Tier* t : tiers_) {
+    std::lock_guard lock(s_->tier_mu);
+    for (Tier* t : s_->tiers) {
       auto got = t->Get(load.key);
       if (got.ok()) {
         bytes = std::move(got).value();
@@ -220,42 +251,42 @@ Status TierConnector::LoadOne(const BlockLoad& load, std::vector<StreamBlock>& p
                                         : "holds a block of tokens; expected a state checkpoint");
   }
   const int64_t dst = load.block;
-  HKV_RETURN_IF_ERROR(ImportBlocksVerifying(view_, parsed, {&dst, 1}));
-  std::lock_guard lock(mu_);
-  ++stats_.blocks_loaded;
-  stats_.bytes_loaded += static_cast<int64_t>(bytes.size());
+  HKV_RETURN_IF_ERROR(ImportBlocksVerifying(s_->view, parsed, {&dst, 1}));
+  std::lock_guard lock(s_->mu);
+  ++s_->stats.blocks_loaded;
+  s_->stats.bytes_loaded += static_cast<int64_t>(bytes.size());
   return Status::Ok();
 }
 
 void TierConnector::Run() {
   std::vector<StreamBlock> parsed;
-  std::unique_lock lock(mu_);
+  std::unique_lock lock(s_->mu);
   for (;;) {
-    cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-    if (stop_) return;
-    const RequestId id = queue_.front();
-    queue_.pop_front();
-    running_ = id;
-    busy_ = true;
+    s_->cv.wait(lock, [&] { return s_->stop || !s_->queue.empty(); });
+    if (s_->stop) return;
+    const RequestId id = s_->queue.front();
+    s_->queue.pop_front();
+    s_->running = id;
+    s_->busy = true;
     Status result = Status::Ok();
     for (size_t i = 0;; ++i) {
-      Job& job = jobs_.at(id);
+      State::Job& job = s_->jobs.at(id);
       if (job.cancelled || i == job.loads.size() || !result.ok()) break;
       const BlockLoad load = job.loads[i];
       lock.unlock();
       result = LoadOne(load, parsed);
       lock.lock();
     }
-    Job& job = jobs_.at(id);
+    State::Job& job = s_->jobs.at(id);
     if (!job.cancelled || job.state == LoadState::kPending) {
       job.state = result.ok() && !job.cancelled ? LoadState::kLoaded : LoadState::kFailed;
     }
     if (!result.ok()) {
-      ++stats_.loads_failed;
-      last_failure_ = result.message();
+      ++s_->stats.loads_failed;
+      s_->last_failure = result.message();
     }
-    busy_ = false;
-    cv_.notify_all();
+    s_->busy = false;
+    s_->cv.notify_all();
   }
 }
 

@@ -25,13 +25,9 @@
 //   worker holds it only while fetching bytes, not while checking or copying them.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
-#include <mutex>
+#include <memory>
 #include <span>
-#include <thread>
-#include <unordered_map>
 #include <vector>
 
 #include <hkv/common/result.h>
@@ -81,32 +77,13 @@ class TierConnector final : public ExternalBlocks {
   std::string last_failure() const;
 
  private:
-  struct Job {
-    RequestId id = 0;
-    std::vector<BlockLoad> loads;
-    LoadState state = LoadState::kPending;
-    bool cancelled = false;
-  };
+  struct State;  // the worker, its queue and jobs, the tiers' lock: tier_connector.cc
   TierConnector(const BlockMemoryView& view, std::vector<Tier*> tiers);
   void Run();
   // Fetches, checks and imports one block; the reason on failure.
   Status LoadOne(const BlockLoad& load, std::vector<StreamBlock>& parsed);
 
-  const BlockMemoryView& view_;
-  std::vector<Tier*> tiers_;
-  mutable std::mutex tier_mu_;  // serialises tier calls
-
-  mutable std::mutex mu_;  // guards everything below
-  std::condition_variable cv_;
-  std::deque<RequestId> queue_;
-  std::unordered_map<RequestId, Job> jobs_;
-  RequestId running_ = 0;
-  bool busy_ = false;
-  bool stop_ = false;
-  TierConnectorStats stats_;
-  std::string last_failure_;
-  std::vector<ExportBlock> scratch_export_;
-  std::thread worker_;
+  std::unique_ptr<State> s_;
 };
 
 }  // namespace hkv
