@@ -142,7 +142,12 @@ Status KvCacheManager::Impl::Allocate(Request& r, int64_t num_new, const PrefixH
   // Plan: count what every pool must supply, and check that the hit still stands. Nothing
   // changes until every pool is known to suffice.
   const int64_t divergence = r.started ? r.divergence : DivergenceOf(r, hit.tokens);
-  core.PlanSnapshots(r, begin, s.end, divergence, positions);
+  // Only state groups take snapshots; a model without them skips the planning on every step.
+  if (has_state_groups) {
+    core.PlanSnapshots(r, begin, s.end, divergence, positions);
+  } else {
+    positions.clear();
+  }
   s.snapshots = positions;
   const int64_t window_branch = r.started ? r.window_branch : WindowBranchOf(r, hit.tokens);
   HKV_RETURN_IF_ERROR(PlanAllocation(r, s));
