@@ -348,13 +348,20 @@ Status KvCacheManager::SlotMapping(RequestId id, int32_t group, int64_t begin, i
                                    std::span<int64_t> out) const {
   const Request* r = impl_->Find(id);
   if (r == nullptr) return impl_->Unknown("slot mapping", id);
-  HKV_RETURN_IF_ERROR(CheckGroup(impl_->config, "slot mapping", group));
-  const GroupConfig& gc = impl_->config.groups[static_cast<size_t>(group)];
+  return impl_->MapSlots(*r, group, begin, end, out);
+}
+
+Status KvCacheManager::Impl::MapSlots(const Request& req, int32_t group, int64_t begin, int64_t end,
+                                      std::span<int64_t> out) const {
+  const Request* r = &req;
+  const RequestId id = r->id;
+  HKV_RETURN_IF_ERROR(CheckGroup(config, "slot mapping", group));
+  const GroupConfig& gc = config.groups[static_cast<size_t>(group)];
   if (gc.is_state()) {
     return Status::InvalidArgument(
         fmt::format("slot mapping: group {} is a state group; use State()", group));
   }
-  const manager_internal::GroupManager& gm = impl_->group(static_cast<size_t>(group));
+  const manager_internal::GroupManager& gm = this->group(static_cast<size_t>(group));
   const std::span<const int32_t> table = gm.Table(r->slot);
   const int64_t bs = gc.block_tokens;
   const int64_t limit = gc.is_encoder() ? static_cast<int64_t>(table.size()) * bs : r->reserved;
@@ -418,6 +425,36 @@ Result<TableDelta> KvCacheManager::TakeTableDelta(RequestId id, int32_t group) {
         fmt::format("table delta: group {} is a state group; use State()", group));
   }
   return out;
+}
+
+Status KvCacheManager::TakeStepInputs(RequestId id, StepInputs& out) {
+  Impl& m = *impl_;
+  const Request* r = m.Find(id);
+  if (r == nullptr) return m.Unknown("step inputs", id);
+  if (!r->step_open) {
+    return Status::FailedPrecondition(
+        fmt::format("step inputs: request {} has no open step (call Allocate first)", id));
+  }
+  out.step = Step(id).value();
+  const size_t n = m.groups.size();
+  out.tables.resize(n);
+  out.states.resize(n);
+  out.slots.clear();
+  // Slots first: they are the only part that checks anything, so an error takes no delta.
+  const int64_t len = r->step_end - r->step_begin;
+  for (size_t g = 0; g < n; ++g) {
+    if (!manager_internal::IsDecoderTokens(m.config.groups[g])) continue;
+    const size_t at = out.slots.size();
+    out.slots.resize(at + static_cast<size_t>(len));
+    HKV_RETURN_IF_ERROR(m.MapSlots(*r, static_cast<int32_t>(g), r->step_begin, r->step_end,
+                                   std::span<int64_t>(out.slots).subspan(at)));
+  }
+  for (size_t g = 0; g < n; ++g) {
+    out.tables[g] = {};
+    m.group(g).TakeDelta(r->slot, out.tables[g]);
+    out.states[g] = m.group(g).StepState(r->slot);
+  }
+  return Status::Ok();
 }
 
 Result<StateStep> KvCacheManager::State(RequestId id, int32_t group) const {

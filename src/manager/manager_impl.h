@@ -83,6 +83,9 @@ struct KvCacheManager::Impl {
   Result<CompactionResult> Compact(std::span<const int64_t> max_slabs_per_class);
   void ReleaseTokenBlocksCoherently(Request& r);
   Status CheckInvariants() const;
+  // SlotMapping's work for a request already found (validation included).
+  Status MapSlots(const Request& r, int32_t group, int64_t begin, int64_t end,
+                  std::span<int64_t> out) const;
   Status CheckRequest(const Request& r, std::vector<std::vector<int32_t>>& refs) const;
 
   manager_internal::CacheCore core;

@@ -74,5 +74,66 @@ TEST(TableDelta, RefusesStateGroupsUnknownRequestsAndGroupsOutOfRange) {
   EXPECT_EQ(d.m().TakeTableDelta(1, 0).value().from, 0);
 }
 
+// TakeStepInputs gives, in one call, what Step, TakeTableDelta, State and SlotMapping give
+// separately; rebuilt from its deltas alone, every table equals BlockTable wherever the group
+// keeps a block.
+TEST(StepInputs, EqualTheSeparateViewsOnEveryKindStepAfterStep) {
+  ManagerConfig c = MakeConfig({256}, {Full(4), Window(8, 4), Encoder(4), StateGroup()});
+  Driver d(c);
+  RequestSpec spec;
+  spec.encoder_tokens = 6;
+  d.Add(1, Seq(21), spec);
+  std::vector<std::vector<int32_t>> mirror(c.groups.size());
+  StepInputs in;
+  for (int step = 0; step < 12; ++step) {
+    const int64_t n = step == 0 ? 21 : 1;
+    if (step > 0) {
+      const int32_t token = 500 + step;
+      ASSERT_TRUE(d.m().AppendTokens(1, {&token, 1}).ok());
+    }
+    ASSERT_TRUE(d.m().Allocate(1, n).ok());
+    ASSERT_TRUE(d.m().TakeStepInputs(1, in).ok());
+    const StepInfo info = d.m().Step(1).value();
+    EXPECT_EQ(in.step.begin, info.begin);
+    EXPECT_EQ(in.step.end, info.end);
+    ASSERT_EQ(in.tables.size(), c.groups.size());
+    std::vector<int64_t> slots;
+    for (int32_t g = 0; g < static_cast<int32_t>(c.groups.size()); ++g) {
+      const auto gi = static_cast<size_t>(g);
+      if (c.groups[gi].is_state()) {
+        const StateStep st = d.m().State(1, g).value();
+        EXPECT_EQ(in.states[gi].read, st.read);
+        EXPECT_EQ(in.states[gi].write, st.write);
+        EXPECT_EQ(in.states[gi].snapshots.size(), st.snapshots.size());
+        EXPECT_TRUE(in.tables[gi].blocks.empty());
+        continue;
+      }
+      const TableDelta& delta = in.tables[gi];
+      mirror[gi].resize(static_cast<size_t>(delta.size));
+      std::copy(delta.blocks.begin(), delta.blocks.end(), mirror[gi].begin() + delta.from);
+      const std::vector<int32_t> table = d.Table(1, g);
+      ASSERT_EQ(mirror[gi].size(), table.size()) << "group " << g << " step " << step;
+      for (size_t j = 0; j < table.size(); ++j) {
+        if (table[j] != 0) {
+          EXPECT_EQ(mirror[gi][j], table[j]) << "group " << g << " entry " << j;
+        }
+      }
+      if (!c.groups[gi].is_encoder()) {
+        ASSERT_TRUE(d.m().SlotMapping(1, g, info.begin, info.end, slots).ok());
+      }
+    }
+    EXPECT_EQ(in.slots, slots) << "step " << step;
+    ASSERT_TRUE(d.m().Commit(1, info.end).ok());
+    d.Check();
+  }
+  // Without an open step nothing is taken.
+  EXPECT_EQ(d.m().TakeStepInputs(1, in).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(d.m().TakeStepInputs(2, in).code(), StatusCode::kNotFound);
+  ASSERT_TRUE(d.m().Allocate(1, 1).ok());
+  const StepInfo info = d.m().Step(1).value();
+  ASSERT_TRUE(d.m().TakeStepInputs(1, in).ok());
+  EXPECT_EQ(in.step.end, info.end);
+}
+
 }  // namespace
 }  // namespace hkv::testing

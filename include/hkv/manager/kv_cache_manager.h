@@ -195,6 +195,11 @@ class KvCacheManager {
   // Marks the table taken, so the next call reports only later changes; the view stays valid
   // until the next mutating call. Errors: unknown request, group out of range, a state group.
   Result<TableDelta> TakeTableDelta(RequestId id, int32_t group);
+  // Step, TakeTableDelta of every token and encoder group, State of every state group and the
+  // SlotMapping of the step's positions in every decoder token group, in one call: what an engine
+  // sends its kernels for the request this step, and only what changed in its tables. Errors
+  // (nothing taken): unknown request, no open step.
+  Status TakeStepInputs(RequestId id, StepInputs& out);
 
   // Request facts.
   bool Contains(RequestId id) const;

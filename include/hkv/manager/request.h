@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <span>
 #include <string_view>
+#include <vector>
 
 #include <hkv/pool/block_hash.h>
 #include <hkv/pool/retention.h>
@@ -101,6 +102,22 @@ struct StepInfo {
   // Before FinishLoad (first step of a hit with external blocks): blocks the engine must fill
   // from the external store before the step's forward pass; empty afterwards.
   std::span<const BlockLoad> loads;
+};
+
+// Everything an engine needs to run one request's open step, from one call
+// (KvCacheManager::TakeStepInputs). The caller keeps one and passes it again every step: its
+// vectors are reused, so a steady state allocates nothing. Spans stay valid until the next
+// mutating call.
+struct StepInputs {
+  StepInfo step;
+  // Per group: what changed in its block table since it was last taken (token and encoder
+  // groups; empty for state groups), as TakeTableDelta reports it.
+  std::vector<TableDelta> tables;
+  // Per group: its state slots (state groups; {} for the others), as State reports them.
+  std::vector<StateStep> states;
+  // The slots of positions [step.begin, step.end) in every decoder token group, one group after
+  // the other in group order, as SlotMapping gives them.
+  std::vector<int64_t> slots;
 };
 
 struct TruncateResult {
