@@ -266,6 +266,11 @@ class Engine {
   // After the pass: the rows not yet shown to policies that rank by keys (WantsKeys).
   void ShowWritten(Live& r, PagedKvCache::StepView& view);
   Status FinishSparse(Live& r, int64_t begin, int64_t end);
+  // FinishSparse's parts: the policies' selections, then per sparse group its eviction.
+  void ObserveSparse(Live& r, int64_t begin, int64_t end);
+  Status FinishSparseGroup(Live& r, int32_t g);
+  Result<bool> EvictSparseGroup(RequestId id, int32_t g, int64_t keep, int64_t held,
+                                int64_t unchanged);
 
   const ModelSpec& spec_;
   const ModelWeights& weights_;
