@@ -139,9 +139,54 @@ struct RequestArgs {
   BlockHash encoder_input;
 };
 
-}  // namespace
+// compact's answer: (moves, slabs) with moves an int32 array of rows (pool, src, dst).
+py::tuple CompactionTuple(const CompactionResult& r) {
+  py::array_t<int32_t> moves({static_cast<py::ssize_t>(r.moves.size()), py::ssize_t{3}});
+  auto w = moves.mutable_unchecked<2>();
+  for (size_t i = 0; i < r.moves.size(); ++i) {
+    const auto k = static_cast<py::ssize_t>(i);
+    w(k, 0) = r.moves[i].pool;
+    w(k, 1) = r.moves[i].src;
+    w(k, 2) = r.moves[i].dst;
+  }
+  return py::make_tuple(moves, r.slabs);
+}
 
-void BindManager(py::module_& m) {
+// step's answer. The caller holds the manager's lock: the step may point into its memory.
+py::dict StepDict(const StepInfo& s) {
+  py::array_t<int32_t> copies({static_cast<py::ssize_t>(s.copies.size()), py::ssize_t{3}});
+  auto w = copies.mutable_unchecked<2>();
+  for (size_t i = 0; i < s.copies.size(); ++i) {
+    const auto k = static_cast<py::ssize_t>(i);
+    w(k, 0) = s.copies[i].group;
+    w(k, 1) = s.copies[i].src;
+    w(k, 2) = s.copies[i].dst;
+  }
+  py::array_t<int32_t> loads({static_cast<py::ssize_t>(s.loads.size()), py::ssize_t{4}});
+  auto l = loads.mutable_unchecked<2>();
+  py::list keys;
+  for (size_t i = 0; i < s.loads.size(); ++i) {
+    const auto k = static_cast<py::ssize_t>(i);
+    l(k, 0) = s.loads[i].group;
+    l(k, 1) = s.loads[i].pool;
+    l(k, 2) = s.loads[i].block;
+    l(k, 3) = s.loads[i].state ? 1 : 0;
+    keys.append(FromHash(s.loads[i].key.hash));
+  }
+  py::dict d;
+  d["begin"] = s.begin;
+  d["end"] = s.end;
+  d["reserved_end"] = s.reserved_end;
+  d["run_encoder"] = s.run_encoder;
+  d["copies"] = copies;
+  d["loads"] = loads;
+  d["load_digests"] = keys;
+  return d;
+}
+
+using ManagerClass = py::class_<Manager>;
+
+void BindResultTypes(py::module_& m) {
   py::class_<PrefixHit>(m, "PrefixHit", "What lookup found; pass it to the first allocate.")
       .def(py::init([](int64_t tokens, bool encoder, int32_t loads) {
              return PrefixHit{tokens, encoder, loads};
@@ -174,7 +219,9 @@ void BindManager(py::module_& m) {
             "EvictResult(write_from={}, keep={}, blocks_released={}, blocks_replaced={})",
             e.write_from, e.keep, e.blocks_released, e.blocks_replaced);
       });
+}
 
+void BindStatsTypes(py::module_& m) {
   py::class_<PoolUsage>(m, "PoolUsage")
       .def_readonly("num_blocks", &PoolUsage::num_blocks)
       .def_readonly("num_free", &PoolUsage::num_free)
@@ -223,13 +270,13 @@ void BindManager(py::module_& m) {
         return fmt::format("Event({}, pool={}, group={}, block={})", KindName(e.kind), e.pool,
                            e.group, e.block);
       });
+}
 
-  py::class_<Manager>(m, "KvCacheManager",
-                      "The manager an engine drives per step (thread-safe: one call at a time).")
-      .def(py::init([](const ManagerConfig& config) {
-             return std::make_unique<Manager>(Value(KvCacheManager::Create(config)));
-           }),
-           py::arg("config"))
+void BindRequests(ManagerClass& cls) {
+  cls.def(py::init([](const ManagerConfig& config) {
+            return std::make_unique<Manager>(Value(KvCacheManager::Create(config)));
+          }),
+          py::arg("config"))
       .def(
           "add_request",
           [](Manager& self, uint64_t id, const I32Array& prompt, uint64_t adapter_id,
@@ -286,19 +333,22 @@ void BindManager(py::module_& m) {
           },
           py::arg("id"), py::arg("loaded"),
           "Ends the loads of a hit with external blocks: loaded=True publishes them and the step "
-          "runs; False releases everything and the request starts over (look up again).")
-      .def(
-          "allocate",
-          [](Manager& self, uint64_t id, int64_t num_new_tokens,
-             const std::optional<PrefixHit>& hit, int64_t lookahead) {
-            self.Locked([&](KvCacheManager& mgr) {
-              Check(mgr.Allocate(id, num_new_tokens, hit.value_or(PrefixHit{}), lookahead));
-            });
-          },
-          py::arg("id"), py::arg("num_new_tokens"), py::arg("hit") = py::none(),
-          py::arg("lookahead") = 0,
-          "Reserves the step's slots in every group (all or nothing). ResourceExhaustedError "
-          "when blocks are short; nothing changes.")
+          "runs; False releases everything and the request starts over (look up again).");
+}
+
+void BindAllocation(ManagerClass& cls) {
+  cls.def(
+         "allocate",
+         [](Manager& self, uint64_t id, int64_t num_new_tokens, const std::optional<PrefixHit>& hit,
+            int64_t lookahead) {
+           self.Locked([&](KvCacheManager& mgr) {
+             Check(mgr.Allocate(id, num_new_tokens, hit.value_or(PrefixHit{}), lookahead));
+           });
+         },
+         py::arg("id"), py::arg("num_new_tokens"), py::arg("hit") = py::none(),
+         py::arg("lookahead") = 0,
+         "Reserves the step's slots in every group (all or nothing). ResourceExhaustedError "
+         "when blocks are short; nothing changes.")
       .def(
           "commit",
           [](Manager& self, uint64_t id, int64_t computed) {
@@ -351,61 +401,27 @@ void BindManager(py::module_& m) {
               if (const int64_t* n = std::get_if<int64_t>(&limit)) return Value(mgr.Compact(*n));
               return Value(mgr.Compact(std::span<const int64_t>(std::get<1>(limit))));
             });
-            py::array_t<int32_t> moves({static_cast<py::ssize_t>(r.moves.size()), py::ssize_t{3}});
-            auto w = moves.mutable_unchecked<2>();
-            for (size_t i = 0; i < r.moves.size(); ++i) {
-              const auto k = static_cast<py::ssize_t>(i);
-              w(k, 0) = r.moves[i].pool;
-              w(k, 1) = r.moves[i].src;
-              w(k, 2) = r.moves[i].dst;
-            }
-            return py::make_tuple(moves, r.slabs);
+            return CompactionTuple(r);
           },
           py::arg("max_slabs_per_class"),
           "Two-level memory, between steps: empties sparsely held slabs. Returns (moves, slabs): "
           "moves is an int32 array of rows (pool, src, dst) whose page bytes the engine must copy "
-          "before the next step.")
-      .def(
-          "step",
-          [](const Manager& self, uint64_t id) {
-            auto lock = self.Hold();
-            const StepInfo s = Value(self.raw().Step(id));
-            py::array_t<int32_t> copies(
-                {static_cast<py::ssize_t>(s.copies.size()), py::ssize_t{3}});
-            auto w = copies.mutable_unchecked<2>();
-            for (size_t i = 0; i < s.copies.size(); ++i) {
-              const auto k = static_cast<py::ssize_t>(i);
-              w(k, 0) = s.copies[i].group;
-              w(k, 1) = s.copies[i].src;
-              w(k, 2) = s.copies[i].dst;
-            }
-            py::array_t<int32_t> loads({static_cast<py::ssize_t>(s.loads.size()), py::ssize_t{4}});
-            auto l = loads.mutable_unchecked<2>();
-            py::list keys;
-            for (size_t i = 0; i < s.loads.size(); ++i) {
-              const auto k = static_cast<py::ssize_t>(i);
-              l(k, 0) = s.loads[i].group;
-              l(k, 1) = s.loads[i].pool;
-              l(k, 2) = s.loads[i].block;
-              l(k, 3) = s.loads[i].state ? 1 : 0;
-              keys.append(FromHash(s.loads[i].key.hash));
-            }
-            py::dict d;
-            d["begin"] = s.begin;
-            d["end"] = s.end;
-            d["reserved_end"] = s.reserved_end;
-            d["run_encoder"] = s.run_encoder;
-            d["copies"] = copies;
-            d["loads"] = loads;
-            d["load_digests"] = keys;
-            return d;
-          },
-          py::arg("id"),
-          "The open step: {'begin', 'end', 'reserved_end', 'run_encoder', 'copies', 'loads', "
-          "'load_digests'} where copies is an int32 array of rows (group, src, dst) to copy "
-          "before the forward pass, and loads (before finish_load) an int32 array of rows (group, "
-          "pool, block, is_state) to fill from the external store with the block whose digest is "
-          "load_digests[i].")
+          "before the next step.");
+}
+
+void BindStepViews(ManagerClass& cls) {
+  cls.def(
+         "step",
+         [](const Manager& self, uint64_t id) {
+           auto lock = self.Hold();
+           return StepDict(Value(self.raw().Step(id)));
+         },
+         py::arg("id"),
+         "The open step: {'begin', 'end', 'reserved_end', 'run_encoder', 'copies', 'loads', "
+         "'load_digests'} where copies is an int32 array of rows (group, src, dst) to copy "
+         "before the forward pass, and loads (before finish_load) an int32 array of rows (group, "
+         "pool, block, is_state) to fill from the external store with the block whose digest is "
+         "load_digests[i].")
       .def(
           "block_table",
           [](const Manager& self, uint64_t id, int32_t group) {
@@ -458,31 +474,34 @@ void BindManager(py::module_& m) {
           },
           py::arg("id"), py::arg("group"),
           "A recurrent group's slots for the open step: {'read', 'write', 'snapshots'} with "
-          "snapshots a list of (position, slot).")
-      // Batched per-step calls: one Python call per step instead of one per request.
-      .def(
-          "allocate_batch",
-          [](Manager& self, const U64Array& ids, const I64Array& num_new_tokens) {
-            const std::span<const uint64_t> id = Span(ids, "allocate_batch: ids");
-            const std::span<const int64_t> n =
-                Span(num_new_tokens, "allocate_batch: num_new_tokens");
-            if (id.size() != n.size()) {
-              throw StatusError(Status::InvalidArgument(
-                  fmt::format("allocate_batch: {} ids but {} token counts", id.size(), n.size())));
-            }
-            return self.Locked([&](KvCacheManager& mgr) {
-              for (size_t i = 0; i < id.size(); ++i) {
-                const Status st = mgr.Allocate(id[i], n[i]);
-                if (st.code() == StatusCode::kResourceExhausted) return i;
-                Check(st);
-              }
-              return id.size();
-            });
-          },
-          py::arg("ids"), py::arg("num_new_tokens"),
-          "Allocate for running requests in order; stops at the first that lacks blocks and "
-          "returns how many succeeded (the engine preempts and retries from there). Any other "
-          "error raises; the requests before it keep their allocation.")
+          "snapshots a list of (position, slot).");
+}
+
+// Batched per-step calls: one Python call per step instead of one per request.
+void BindBatchCalls(ManagerClass& cls) {
+  cls.def(
+         "allocate_batch",
+         [](Manager& self, const U64Array& ids, const I64Array& num_new_tokens) {
+           const std::span<const uint64_t> id = Span(ids, "allocate_batch: ids");
+           const std::span<const int64_t> n =
+               Span(num_new_tokens, "allocate_batch: num_new_tokens");
+           if (id.size() != n.size()) {
+             throw StatusError(Status::InvalidArgument(
+                 fmt::format("allocate_batch: {} ids but {} token counts", id.size(), n.size())));
+           }
+           return self.Locked([&](KvCacheManager& mgr) {
+             for (size_t i = 0; i < id.size(); ++i) {
+               const Status st = mgr.Allocate(id[i], n[i]);
+               if (st.code() == StatusCode::kResourceExhausted) return i;
+               Check(st);
+             }
+             return id.size();
+           });
+         },
+         py::arg("ids"), py::arg("num_new_tokens"),
+         "Allocate for running requests in order; stops at the first that lacks blocks and "
+         "returns how many succeeded (the engine preempts and retries from there). Any other "
+         "error raises; the requests before it keep their allocation.")
       .def(
           "commit_batch",
           [](Manager& self, const U64Array& ids, const I64Array& computed) {
@@ -513,45 +532,48 @@ void BindManager(py::module_& m) {
                 Check(mgr.AppendTokens(id[i], t.subspan(i, 1)));
             });
           },
-          py::arg("ids"), py::arg("tokens"), "One sampled token per request, in order.")
-      .def(
-          "block_tables",
-          [](const Manager& self, const U64Array& ids, int32_t group, const py::object& out) {
-            const std::span<const uint64_t> id = Span(ids, "block_tables: ids");
-            // One hold of the lock (GIL kept) from reading the tables to copying them: the
-            // spans point into the manager's memory.
-            auto lock = self.Hold();
-            std::vector<std::span<const int32_t>> tables(id.size());
-            size_t width = 0;
-            for (size_t i = 0; i < id.size(); ++i) {
-              tables[i] = Value(self.raw().BlockTable(id[i], group));
-              width = std::max(width, tables[i].size());
-            }
-            const auto rows = static_cast<py::ssize_t>(id.size());
-            py::array_t<int32_t, py::array::c_style> a =
-                out.is_none() ? py::array_t<int32_t, py::array::c_style>(
-                                    {rows, static_cast<py::ssize_t>(width)})
-                              : OutArray<int32_t>(out, 2, "block_tables");
-            if (a.shape(0) != rows) {
-              throw StatusError(Status::InvalidArgument(fmt::format(
-                  "block_tables: out has {} rows: expected {}, one per id", a.shape(0), rows)));
-            }
-            if (static_cast<size_t>(a.shape(1)) < width) {
-              throw StatusError(Status::InvalidArgument(fmt::format(
-                  "block_tables: out has {} columns: expected at least {}", a.shape(1), width)));
-            }
-            const auto cols = static_cast<size_t>(a.shape(1));
-            int32_t* dst = a.mutable_data();
-            for (size_t i = 0; i < tables.size(); ++i) {
-              int32_t* row = dst + i * cols;
-              std::copy(tables[i].begin(), tables[i].end(), row);
-              std::fill(row + tables[i].size(), row + cols, 0);
-            }
-            return a;
-          },
-          py::arg("ids"), py::arg("group"), py::arg("out") = py::none(),
-          "The block tables of several requests as rows of one int32 matrix (into `out` when "
-          "given, e.g. a pinned buffer), padded with 0, the null block.")
+          py::arg("ids"), py::arg("tokens"), "One sampled token per request, in order.");
+}
+
+void BindBatchViews(ManagerClass& cls) {
+  cls.def(
+         "block_tables",
+         [](const Manager& self, const U64Array& ids, int32_t group, const py::object& out) {
+           const std::span<const uint64_t> id = Span(ids, "block_tables: ids");
+           // One hold of the lock (GIL kept) from reading the tables to copying them: the
+           // spans point into the manager's memory.
+           auto lock = self.Hold();
+           std::vector<std::span<const int32_t>> tables(id.size());
+           size_t width = 0;
+           for (size_t i = 0; i < id.size(); ++i) {
+             tables[i] = Value(self.raw().BlockTable(id[i], group));
+             width = std::max(width, tables[i].size());
+           }
+           const auto rows = static_cast<py::ssize_t>(id.size());
+           py::array_t<int32_t, py::array::c_style> a =
+               out.is_none() ? py::array_t<int32_t, py::array::c_style>(
+                                   {rows, static_cast<py::ssize_t>(width)})
+                             : OutArray<int32_t>(out, 2, "block_tables");
+           if (a.shape(0) != rows) {
+             throw StatusError(Status::InvalidArgument(fmt::format(
+                 "block_tables: out has {} rows: expected {}, one per id", a.shape(0), rows)));
+           }
+           if (static_cast<size_t>(a.shape(1)) < width) {
+             throw StatusError(Status::InvalidArgument(fmt::format(
+                 "block_tables: out has {} columns: expected at least {}", a.shape(1), width)));
+           }
+           const auto cols = static_cast<size_t>(a.shape(1));
+           int32_t* dst = a.mutable_data();
+           for (size_t i = 0; i < tables.size(); ++i) {
+             int32_t* row = dst + i * cols;
+             std::copy(tables[i].begin(), tables[i].end(), row);
+             std::fill(row + tables[i].size(), row + cols, 0);
+           }
+           return a;
+         },
+         py::arg("ids"), py::arg("group"), py::arg("out") = py::none(),
+         "The block tables of several requests as rows of one int32 matrix (into `out` when "
+         "given, e.g. a pinned buffer), padded with 0, the null block.")
       .def(
           "step_slot_mapping",
           [](const Manager& self, const U64Array& ids, int32_t group) {
@@ -575,13 +597,16 @@ void BindManager(py::module_& m) {
           },
           py::arg("ids"), py::arg("group"),
           "The slots of every listed request's open step [begin, end), concatenated in order: "
-          "the slot mapping a batched kernel writes the step's K/V through.")
-      .def(
-          "contains",
-          [](const Manager& self, uint64_t id) {
-            return self.LockedConst([&](const KvCacheManager& mgr) { return mgr.Contains(id); });
-          },
-          py::arg("id"))
+          "the slot mapping a batched kernel writes the step's K/V through.");
+}
+
+void BindQueries(ManagerClass& cls) {
+  cls.def(
+         "contains",
+         [](const Manager& self, uint64_t id) {
+           return self.LockedConst([&](const KvCacheManager& mgr) { return mgr.Contains(id); });
+         },
+         py::arg("id"))
       .def("__contains__",
            [](const Manager& self, uint64_t id) {
              return self.LockedConst([&](const KvCacheManager& mgr) { return mgr.Contains(id); });
@@ -609,20 +634,21 @@ void BindManager(py::module_& m) {
            [](const Manager& self) {
              return self.LockedConst([&](const KvCacheManager& mgr) { return mgr.num_requests(); });
            })
-      .def_property_readonly(
-          "config",
-          [](const Manager& self) {
-            return self.LockedConst([&](const KvCacheManager& mgr) { return mgr.config(); });
-          })
-      .def(
-          "usage",
-          [](const Manager& self, int32_t pool) {
-            return self.LockedConst([&](const KvCacheManager& mgr) {
-              CheckPool(mgr, pool, "usage");
-              return mgr.Usage(pool);
-            });
-          },
-          py::arg("pool"))
+      .def_property_readonly("config", [](const Manager& self) {
+        return self.LockedConst([&](const KvCacheManager& mgr) { return mgr.config(); });
+      });
+}
+
+void BindStatsAndProbe(ManagerClass& cls) {
+  cls.def(
+         "usage",
+         [](const Manager& self, int32_t pool) {
+           return self.LockedConst([&](const KvCacheManager& mgr) {
+             CheckPool(mgr, pool, "usage");
+             return mgr.Usage(pool);
+           });
+         },
+         py::arg("pool"))
       .def("arena",
            [](const Manager& self) {
              return self.LockedConst([&](const KvCacheManager& mgr) { return mgr.Arena(); });
@@ -665,6 +691,22 @@ void BindManager(py::module_& m) {
           },
           "Raises (with what is wrong) unless ref counts, free lists, the prefix index and every "
           "request's tables agree.");
+}
+
+}  // namespace
+
+void BindManager(py::module_& m) {
+  BindResultTypes(m);
+  BindStatsTypes(m);
+  ManagerClass cls(m, "KvCacheManager",
+                   "The manager an engine drives per step (thread-safe: one call at a time).");
+  BindRequests(cls);
+  BindAllocation(cls);
+  BindStepViews(cls);
+  BindBatchCalls(cls);
+  BindBatchViews(cls);
+  BindQueries(cls);
+  BindStatsAndProbe(cls);
 }
 
 }  // namespace hkv::python

@@ -34,7 +34,9 @@ int64_t ToBytes(const ByteSize& size, const char* what) {
   return *parsed;
 }
 
-void BindModel(py::module_& m) {
+namespace {
+
+void BindModelSpec(py::module_& m) {
   py::class_<ModelSpec>(m, "Model", "A model's cache-relevant structure, read from a config.json.")
       .def_readonly("model_type", &ModelSpec::model_type)
       .def_readonly("source", &ModelSpec::source)
@@ -61,7 +63,9 @@ void BindModel(py::module_& m) {
       py::arg("path"),
       "Reads a Hugging Face config.json (or the folder holding one). Raises NotFoundError, "
       "ParseError or InvalidArgumentError naming the file, field and value.");
+}
 
+void BindConfigs(py::module_& m) {
   py::class_<GroupConfig>(m, "GroupConfig",
                           "One group of layers sharing a token rule, block size and pool.")
       .def(py::init([](const std::string& kind, int32_t block_tokens, int32_t pool, int32_t span,
@@ -123,7 +127,9 @@ void BindModel(py::module_& m) {
           "Raises InvalidArgumentError naming the first thing wrong.")
       .def_property_readonly("hash_tokens", &ManagerConfig::hash_tokens)
       .def_property_readonly("align_tokens", &ManagerConfig::align_tokens);
+}
 
+void BindPlan(py::module_& m) {
   py::class_<Plan>(m, "Plan", "How a model's cache is laid out in a memory budget.")
       .def_property_readonly("model", [](const Plan& p) { return p.model; })
       .def_property_readonly(
@@ -159,7 +165,9 @@ void BindModel(py::module_& m) {
       py::arg("encoder_tokens") = -1,
       "Plans the model's cache in `memory` (bytes or text like '16GiB'). max_model_len 0: the "
       "config's; seq_tokens 0: max_model_len; encoder_tokens -1: the model's largest input.");
+}
 
+void BindAllocator(py::module_& m) {
   py::class_<Allocator>(m, "Allocator", "One allocator mode's pools and groups for a model.")
       .def_property_readonly(
           "mode", [](const Allocator& a) { return std::string(AllocatorModeName(a.mode)); })
@@ -195,6 +203,15 @@ void BindModel(py::module_& m) {
       py::arg("encoder_tokens") = -1,
       "The pools and groups of allocator mode 'uniform', 'padded' or 'hybridkv' (what hkv "
       "simulate compares) in `memory`. Its .config creates a KvCacheManager.");
+}
+
+}  // namespace
+
+void BindModel(py::module_& m) {
+  BindModelSpec(m);
+  BindConfigs(m);
+  BindPlan(m);
+  BindAllocator(m);
 }
 
 }  // namespace hkv::python

@@ -42,6 +42,95 @@ struct Run {
   size_t first = 0, count = 0;
 };
 
+// Consecutive events that vLLM reports as one: removals of one group, and stores of one
+// request's consecutive blocks of one group.
+Result<std::vector<Run>> JoinRuns(std::span<const ManagerEvent> events,
+                                  std::span<const KvEventGroup> groups) {
+  std::vector<Run> runs;
+  for (size_t i = 0; i < events.size(); ++i) {
+    const ManagerEvent& e = events[i];
+    if (e.kind != KvEvent::Kind::kCleared &&
+        (e.group < 0 || static_cast<size_t>(e.group) >= groups.size())) {
+      return Status::InvalidArgument(
+          fmt::format("kv events: event {} names group {}, outside the {} groups given", i, e.group,
+                      groups.size()));
+    }
+    if (!runs.empty() && runs.back().kind == e.kind && e.kind != KvEvent::Kind::kCleared) {
+      const ManagerEvent& p = events[runs.back().first + runs.back().count - 1];
+      const int32_t bt = groups[static_cast<size_t>(e.group)].block_tokens;
+      const bool joins =
+          p.group == e.group && (e.kind == KvEvent::Kind::kRemoved ||
+                                 (e.request != 0 && p.request == e.request && bt > 0 &&
+                                  e.position >= 0 && e.position == p.position + bt));
+      if (joins) {
+        ++runs.back().count;
+        continue;
+      }
+    }
+    runs.push_back({e.kind, i, 1});
+  }
+  return runs;
+}
+
+void PackHashes(Packer& pk, std::span<const ManagerEvent> events, const Run& run) {
+  PackStr(pk, "block_hashes");
+  pk.pack_array(static_cast<uint32_t>(run.count));
+  for (size_t k = 0; k < run.count; ++k)
+    PackHash(pk, events[run.first + k].hash);
+}
+
+void PackRemoved(Packer& pk, std::span<const ManagerEvent> events, const Run& run,
+                 const KvEventEncoding& encoding) {
+  pk.pack_map(4);
+  PackStr(pk, "type");
+  PackStr(pk, "BlockRemoved");
+  PackHashes(pk, events, run);
+  PackStr(pk, "medium");
+  PackStr(pk, encoding.medium);
+  PackStr(pk, "group_idx");
+  pk.pack_int32(events[run.first].group);
+}
+
+void PackStored(Packer& pk, std::span<const ManagerEvent> events, const Run& run,
+                const KvEventGroup& g, const RequestTokens& tokens,
+                const KvEventEncoding& encoding) {
+  const ManagerEvent& head = events[run.first];
+  pk.pack_map(g.sliding_window ? 11 : 10);
+  PackStr(pk, "type");
+  PackStr(pk, "BlockStored");
+  PackHashes(pk, events, run);
+  PackStr(pk, "parent_block_hash");
+  pk.pack_nil();
+  const std::span<const int32_t> known =
+      head.request != 0 && tokens ? tokens(head.request) : std::span<const int32_t>{};
+  const bool state = g.kind == "mamba";
+  PackStr(pk, "token_ids");
+  if (head.position < 0) {
+    pk.pack_array(0);
+  } else if (state) {
+    PackTokens(pk, known, 0, head.position);
+  } else {
+    PackTokens(pk, known, head.position,
+               head.position + static_cast<int64_t>(run.count) * g.block_tokens);
+  }
+  PackStr(pk, "block_size");
+  pk.pack_int64(state ? std::max<int64_t>(head.position, 0) : g.block_tokens);
+  PackStr(pk, "lora_id");
+  pk.pack_nil();
+  PackStr(pk, "medium");
+  PackStr(pk, encoding.medium);
+  PackStr(pk, "lora_name");
+  pk.pack_nil();
+  PackStr(pk, "group_idx");
+  pk.pack_int32(head.group);
+  PackStr(pk, "kv_cache_spec_kind");
+  PackStr(pk, g.kind);
+  if (g.sliding_window) {
+    PackStr(pk, "kv_cache_spec_sliding_window");
+    pk.pack_int64(*g.sliding_window);
+  }
+}
+
 }  // namespace
 
 std::vector<KvEventGroup> KvEventGroupsOf(const Plan& plan) {
@@ -82,94 +171,22 @@ Result<std::vector<unsigned char>> EncodeKvEventBatch(std::span<const ManagerEve
                                                       std::span<const KvEventGroup> groups,
                                                       const RequestTokens& tokens,
                                                       const KvEventEncoding& encoding, double ts) {
-  std::vector<Run> runs;
-  for (size_t i = 0; i < events.size(); ++i) {
-    const ManagerEvent& e = events[i];
-    if (e.kind != KvEvent::Kind::kCleared &&
-        (e.group < 0 || static_cast<size_t>(e.group) >= groups.size())) {
-      return Status::InvalidArgument(
-          fmt::format("kv events: event {} names group {}, outside the {} groups given", i, e.group,
-                      groups.size()));
-    }
-    if (!runs.empty() && runs.back().kind == e.kind && e.kind != KvEvent::Kind::kCleared) {
-      const ManagerEvent& p = events[runs.back().first + runs.back().count - 1];
-      const int32_t bt = groups[static_cast<size_t>(e.group)].block_tokens;
-      const bool joins =
-          p.group == e.group && (e.kind == KvEvent::Kind::kRemoved ||
-                                 (e.request != 0 && p.request == e.request && bt > 0 &&
-                                  e.position >= 0 && e.position == p.position + bt));
-      if (joins) {
-        ++runs.back().count;
-        continue;
-      }
-    }
-    runs.push_back({e.kind, i, 1});
-  }
-
+  HKV_ASSIGN_OR_RETURN(const std::vector<Run> runs, JoinRuns(events, groups));
   msgpack::sbuffer buf;
   Packer pk(&buf);
   pk.pack_array(encoding.data_parallel_rank ? 3 : 2);
   pk.pack_double(ts);
   pk.pack_array(static_cast<uint32_t>(runs.size()));
   for (const Run& run : runs) {
-    const ManagerEvent& head = events[run.first];
     if (run.kind == KvEvent::Kind::kCleared) {
       pk.pack_map(1);
       PackStr(pk, "type");
       PackStr(pk, "AllBlocksCleared");
-      continue;
-    }
-    const KvEventGroup& g = groups[static_cast<size_t>(head.group)];
-    const auto pack_hashes = [&] {
-      PackStr(pk, "block_hashes");
-      pk.pack_array(static_cast<uint32_t>(run.count));
-      for (size_t k = 0; k < run.count; ++k)
-        PackHash(pk, events[run.first + k].hash);
-    };
-    if (run.kind == KvEvent::Kind::kRemoved) {
-      pk.pack_map(4);
-      PackStr(pk, "type");
-      PackStr(pk, "BlockRemoved");
-      pack_hashes();
-      PackStr(pk, "medium");
-      PackStr(pk, encoding.medium);
-      PackStr(pk, "group_idx");
-      pk.pack_int32(head.group);
-      continue;
-    }
-    pk.pack_map(g.sliding_window ? 11 : 10);
-    PackStr(pk, "type");
-    PackStr(pk, "BlockStored");
-    pack_hashes();
-    PackStr(pk, "parent_block_hash");
-    pk.pack_nil();
-    const std::span<const int32_t> known =
-        head.request != 0 && tokens ? tokens(head.request) : std::span<const int32_t>{};
-    const bool state = g.kind == "mamba";
-    PackStr(pk, "token_ids");
-    if (head.position < 0) {
-      pk.pack_array(0);
-    } else if (state) {
-      PackTokens(pk, known, 0, head.position);
+    } else if (run.kind == KvEvent::Kind::kRemoved) {
+      PackRemoved(pk, events, run, encoding);
     } else {
-      PackTokens(pk, known, head.position,
-                 head.position + static_cast<int64_t>(run.count) * g.block_tokens);
-    }
-    PackStr(pk, "block_size");
-    pk.pack_int64(state ? std::max<int64_t>(head.position, 0) : g.block_tokens);
-    PackStr(pk, "lora_id");
-    pk.pack_nil();
-    PackStr(pk, "medium");
-    PackStr(pk, encoding.medium);
-    PackStr(pk, "lora_name");
-    pk.pack_nil();
-    PackStr(pk, "group_idx");
-    pk.pack_int32(head.group);
-    PackStr(pk, "kv_cache_spec_kind");
-    PackStr(pk, g.kind);
-    if (g.sliding_window) {
-      PackStr(pk, "kv_cache_spec_sliding_window");
-      pk.pack_int64(*g.sliding_window);
+      const KvEventGroup& g = groups[static_cast<size_t>(events[run.first].group)];
+      PackStored(pk, events, run, g, tokens, encoding);
     }
   }
   if (encoding.data_parallel_rank) pk.pack_int64(*encoding.data_parallel_rank);

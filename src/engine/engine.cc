@@ -35,6 +35,27 @@ int32_t Draft(const std::vector<int32_t>& tokens, int32_t vocab) {
   return (previous * 7 + 3) % vocab;
 }
 
+// A recurrent checkpoint at a known position inside the step splits the chunk: the step runs in
+// pieces ending there, as an engine with chunked recurrent kernels must (their states exist only
+// at the ends of the chunks they are given). Speculative positions are not splits: a
+// verification kernel keeps a state per draft. The piece boundaries, begin and end included.
+Result<std::vector<int64_t>> StepCuts(const KvCacheManager& manager, RequestId id,
+                                      const StepInfo& step, int64_t known) {
+  std::vector<int64_t> cuts{step.begin};
+  const std::vector<GroupConfig>& groups = manager.config().groups;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    if (!groups[g].is_state()) continue;
+    HKV_ASSIGN_OR_RETURN(const StateStep st, manager.State(id, static_cast<int32_t>(g)));
+    for (const StateSnapshot& s : st.snapshots) {
+      if (s.position > step.begin && s.position < step.end && s.position < known)
+        cuts.push_back(s.position);
+    }
+    break;  // every state group has the same positions
+  }
+  cuts.push_back(step.end);
+  return cuts;
+}
+
 }  // namespace
 
 Engine::Engine(const ModelSpec& spec, const ModelWeights& weights, KvCacheManager manager,
@@ -400,34 +421,20 @@ Status Engine::MaybeFinish(Live* r) {
   return Status::Ok();
 }
 
-Result<int64_t> Engine::Execute(Live& r, const std::vector<int32_t>& drafts) {
-  const RequestId id = r.seq.id;
-  HKV_ASSIGN_OR_RETURN(const StepInfo step, manager_->Step(id));
+Result<std::vector<float>> Engine::ForwardStep(Live& r, const StepInfo& step,
+                                               const std::vector<int32_t>& drafts) {
   cache_.ApplyCopies(step.copies);
-  HKV_ASSIGN_OR_RETURN(auto view, cache_.View(*manager_, id));
+  HKV_ASSIGN_OR_RETURN(auto view, cache_.View(*manager_, r.seq.id));
   if (options_.sparse) PrepareSparse(r, step.begin, step.end, *view);
   std::vector<int32_t> tokens = r.seq.tokens;
   tokens.insert(tokens.end(), drafts.begin(), drafts.end());
-  // A recurrent checkpoint at a known position inside the step splits the chunk: the step runs
-  // in pieces ending there, as an engine with chunked recurrent kernels must (their states exist
-  // only at the ends of the chunks they are given). Speculative positions are not splits: a
-  // verification kernel keeps a state per draft. A sparse step runs whole (its policies observe
-  // the step's attention at once); sparse requests publish nothing once they evict.
-  std::vector<int64_t> cuts{step.begin};
+  // A sparse step runs whole (its policies observe the step's attention at once); sparse
+  // requests publish nothing once they evict.
+  std::vector<int64_t> cuts{step.begin, step.end};
   if (!options_.sparse) {
-    const auto known = static_cast<int64_t>(r.seq.tokens.size());
-    const std::vector<GroupConfig>& groups = manager_->config().groups;
-    for (size_t g = 0; g < groups.size(); ++g) {
-      if (!groups[g].is_state()) continue;
-      HKV_ASSIGN_OR_RETURN(const StateStep st, manager_->State(id, static_cast<int32_t>(g)));
-      for (const StateSnapshot& s : st.snapshots) {
-        if (s.position > step.begin && s.position < step.end && s.position < known)
-          cuts.push_back(s.position);
-      }
-      break;  // every state group has the same positions
-    }
+    HKV_ASSIGN_OR_RETURN(
+        cuts, StepCuts(*manager_, r.seq.id, step, static_cast<int64_t>(r.seq.tokens.size())));
   }
-  cuts.push_back(step.end);
   const auto splits = static_cast<int64_t>(cuts.size()) - 2;
   counters_.state_splits += splits;
   counters_.max_state_splits = std::max(counters_.max_state_splits, splits);
@@ -442,6 +449,30 @@ Result<int64_t> Engine::Execute(Live& r, const std::vector<int32_t>& drafts) {
     ShowWritten(r, *view);
     HKV_RETURN_IF_ERROR(view->status());
   }
+  return logits;
+}
+
+Status Engine::CommitStep(RequestId id, int64_t end, int64_t commit_at) {
+  if (commit_at < end && (truncate_toggle_++ % 2 == 1)) {
+    HKV_RETURN_IF_ERROR(manager_->Commit(id, end));
+    HKV_RETURN_IF_ERROR(AfterManagerCall());
+    HKV_ASSIGN_OR_RETURN(const TruncateResult t, manager_->Truncate(id, commit_at));
+    HKV_RETURN_IF_ERROR(AfterManagerCall());
+    ++counters_.truncations;
+    if (t.computed != commit_at) {
+      return Status::FailedPrecondition(fmt::format(
+          "engine: truncate of request {} to {} kept only {}", id, commit_at, t.computed));
+    }
+    return Status::Ok();
+  }
+  HKV_RETURN_IF_ERROR(manager_->Commit(id, commit_at));
+  return AfterManagerCall();
+}
+
+Result<int64_t> Engine::Execute(Live& r, const std::vector<int32_t>& drafts) {
+  const RequestId id = r.seq.id;
+  HKV_ASSIGN_OR_RETURN(const StepInfo step, manager_->Step(id));
+  HKV_ASSIGN_OR_RETURN(const std::vector<float> logits, ForwardStep(r, step, drafts));
   const auto vocab = static_cast<size_t>(weights_.vocab);
   const auto row = [&](int64_t p) {
     const auto at = static_cast<ptrdiff_t>(static_cast<size_t>(p - step.begin) * vocab);
@@ -461,20 +492,7 @@ Result<int64_t> Engine::Execute(Live& r, const std::vector<int32_t>& drafts) {
     counters_.drafts_rejected += static_cast<int64_t>(drafts.size()) - accepted;
     commit_at = step.begin + 1 + accepted;
   }
-  if (commit_at < step.end && (truncate_toggle_++ % 2 == 1)) {
-    HKV_RETURN_IF_ERROR(manager_->Commit(id, step.end));
-    HKV_RETURN_IF_ERROR(AfterManagerCall());
-    HKV_ASSIGN_OR_RETURN(const TruncateResult t, manager_->Truncate(id, commit_at));
-    HKV_RETURN_IF_ERROR(AfterManagerCall());
-    ++counters_.truncations;
-    if (t.computed != commit_at) {
-      return Status::FailedPrecondition(fmt::format(
-          "engine: truncate of request {} to {} kept only {}", id, commit_at, t.computed));
-    }
-  } else {
-    HKV_RETURN_IF_ERROR(manager_->Commit(id, commit_at));
-    HKV_RETURN_IF_ERROR(AfterManagerCall());
-  }
+  HKV_RETURN_IF_ERROR(CommitStep(id, step.end, commit_at));
   // Drafts are refused with policies, so the step committed whole.
   if (options_.sparse) HKV_RETURN_IF_ERROR(FinishSparse(r, step.begin, step.end));
   counters_.window_blocks_freed += std::max<int64_t>(0, WindowNulls(id) - nulls_before);
@@ -495,13 +513,9 @@ Result<int64_t> Engine::Execute(Live& r, const std::vector<int32_t>& drafts) {
   return step.end - step.begin;
 }
 
-Status Engine::Step() {
-  ++counters_.steps;
-  counters_.branch_blocks_given_back = manager_->stats().branch_blocks_given_back;
-  // No step is open between scheduler steps: pages may move now, before anything reads them.
-  HKV_RETURN_IF_ERROR(MaybeCompact());
-  // Admit a couple of waiting requests per step, none right after a step that had to preempt:
-  // memory is short, and a request admitted now would only be preempted again.
+// Admit a couple of waiting requests per step, none right after a step that had to preempt:
+// memory is short, and a request admitted now would only be preempted again.
+Status Engine::AdmitWaiting() {
   for (int admitted = 0;
        !waiting_.empty() && admitted < 2 && (!preempted_this_step_ || running_.empty());
        ++admitted) {
@@ -510,6 +524,63 @@ Status Engine::Step() {
     HKV_RETURN_IF_ERROR(Admit(*r));
     running_.push_back(std::move(r));
   }
+  return Status::Ok();
+}
+
+Status Engine::StepRequest(Live* r, int64_t& budget, int64_t& executed) {
+  const RequestId id = r->seq.id;
+  if (r->loading) {
+    const TierConnector::LoadState state = connector_->Poll(id);
+    if (state == TierConnector::LoadState::kPending) return Status::Ok();
+    HKV_ASSIGN_OR_RETURN(const bool loaded,
+                         EndLoad(*r, state == TierConnector::LoadState::kLoaded));
+    if (loaded) {
+      const std::vector<int32_t> drafts = std::move(r->load_drafts);
+      r->load_drafts.clear();
+      HKV_ASSIGN_OR_RETURN(const int64_t ran, Execute(*r, drafts));
+      budget -= ran;
+      ++executed;
+      return MaybeFinish(r);
+    }
+    // Failed: the request starts over below, from a local lookup.
+  }
+  const int64_t known = static_cast<int64_t>(r->seq.tokens.size());
+  if (!r->started) {
+    // A hit stays valid until the next mutating call, so look up right before allocating.
+    if (connector_ && options_.offload->load && !r->local_only) {
+      HKV_ASSIGN_OR_RETURN(r->pending, manager_->Lookup(id, *connector_));
+    } else {
+      HKV_ASSIGN_OR_RETURN(r->pending, manager_->Lookup(id));
+    }
+  }
+  const int64_t computed = r->started ? manager_->NumComputed(id).value() : r->pending.tokens;
+  std::vector<int32_t> drafts;
+  int64_t n = known - computed;
+  if (n > 1 || !r->prefilled) {
+    n = std::min({n, options_.chunk, budget});
+  } else if (r->seq.greedy && options_.draft_tokens > 0) {
+    const int64_t room = std::min<int64_t>({options_.draft_tokens, budget - 1,
+                                            r->max_new_tokens - (known - r->seq.prompt_len) - 1,
+                                            manager_->config().max_model_len - known - 1});
+    std::vector<int32_t> context = r->seq.tokens;
+    for (int64_t i = 0; i < room; ++i) {
+      drafts.push_back(Draft(context, weights_.vocab));
+      context.push_back(drafts.back());
+    }
+  }
+  HKV_ASSIGN_OR_RETURN(const bool ran, RunStep(*r, computed, n, drafts));
+  if (!ran) return Status::Ok();
+  budget -= n + static_cast<int64_t>(drafts.size());
+  if (!r->loading) ++executed;
+  return MaybeFinish(r);
+}
+
+Status Engine::Step() {
+  ++counters_.steps;
+  counters_.branch_blocks_given_back = manager_->stats().branch_blocks_given_back;
+  // No step is open between scheduler steps: pages may move now, before anything reads them.
+  HKV_RETURN_IF_ERROR(MaybeCompact());
+  HKV_RETURN_IF_ERROR(AdmitWaiting());
   preempted_this_step_ = false;
   int64_t budget = options_.token_budget;
   int64_t executed = 0;  // requests whose step ran
@@ -522,52 +593,7 @@ Status Engine::Step() {
     const bool still_running =
         std::any_of(running_.begin(), running_.end(), [&](const auto& p) { return p.get() == r; });
     if (!still_running) continue;
-    const RequestId id = r->seq.id;
-    if (r->loading) {
-      const TierConnector::LoadState state = connector_->Poll(id);
-      if (state == TierConnector::LoadState::kPending) continue;
-      HKV_ASSIGN_OR_RETURN(const bool loaded,
-                           EndLoad(*r, state == TierConnector::LoadState::kLoaded));
-      if (loaded) {
-        const std::vector<int32_t> drafts = std::move(r->load_drafts);
-        r->load_drafts.clear();
-        HKV_ASSIGN_OR_RETURN(const int64_t ran, Execute(*r, drafts));
-        budget -= ran;
-        ++executed;
-        HKV_RETURN_IF_ERROR(MaybeFinish(r));
-        continue;
-      }
-      // Failed: the request starts over below, from a local lookup.
-    }
-    const int64_t known = static_cast<int64_t>(r->seq.tokens.size());
-    if (!r->started) {
-      // A hit stays valid until the next mutating call, so look up right before allocating.
-      if (connector_ && options_.offload->load && !r->local_only) {
-        HKV_ASSIGN_OR_RETURN(r->pending, manager_->Lookup(id, *connector_));
-      } else {
-        HKV_ASSIGN_OR_RETURN(r->pending, manager_->Lookup(id));
-      }
-    }
-    const int64_t computed = r->started ? manager_->NumComputed(id).value() : r->pending.tokens;
-    std::vector<int32_t> drafts;
-    int64_t n = known - computed;
-    if (n > 1 || !r->prefilled) {
-      n = std::min({n, options_.chunk, budget});
-    } else if (r->seq.greedy && options_.draft_tokens > 0) {
-      const int64_t room = std::min<int64_t>({options_.draft_tokens, budget - 1,
-                                              r->max_new_tokens - (known - r->seq.prompt_len) - 1,
-                                              manager_->config().max_model_len - known - 1});
-      std::vector<int32_t> context = r->seq.tokens;
-      for (int64_t i = 0; i < room; ++i) {
-        drafts.push_back(Draft(context, weights_.vocab));
-        context.push_back(drafts.back());
-      }
-    }
-    HKV_ASSIGN_OR_RETURN(const bool ran, RunStep(*r, computed, n, drafts));
-    if (!ran) continue;
-    budget -= n + static_cast<int64_t>(drafts.size());
-    if (!r->loading) ++executed;
-    HKV_RETURN_IF_ERROR(MaybeFinish(r));
+    HKV_RETURN_IF_ERROR(StepRequest(r, budget, executed));
   }
   // Only loads are in flight: wait for the oldest rather than return a step that did nothing.
   if (executed == 0) {

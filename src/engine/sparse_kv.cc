@@ -72,7 +72,9 @@ void Engine::ShowWritten(Live& r, PagedKvCache::StepView& view) {
   }
 }
 
-Status Engine::FinishSparse(Live& r, int64_t begin, int64_t end) {
+// Records the step (record_steps), feeds each policy the step's attention and has it select the
+// slots it keeps, into step_keep_.
+void Engine::ObserveSparse(Live& r, int64_t begin, int64_t end) {
   const size_t n = sparse_layers_.size();
   const PolicyStep step{begin, static_cast<int32_t>(end - begin),
                         begin < r.seq.prompt_len && r.seq.prompt_len <= end};
@@ -94,64 +96,81 @@ Status Engine::FinishSparse(Live& r, int64_t begin, int64_t end) {
     step_keep_[i].clear();
     policy.Select(step_positions_[i], budget, step_keep_[i]);
   }
+}
+
+// Evicts group `g` of request `id` down to the `keep` slots its layers selected, the first
+// `unchanged` in place, and moves the kept rows; false when the eviction had to wait for blocks.
+Result<bool> Engine::EvictSparseGroup(RequestId id, int32_t g, int64_t keep, int64_t held,
+                                      int64_t unchanged) {
+  HKV_ASSIGN_OR_RETURN(const std::span<const int32_t> before, manager_->BlockTable(id, g));
+  old_table_.assign(before.begin(), before.end());
+  const Result<EvictResult> e = manager_->Evict(id, g, keep, unchanged);
+  if (e.ok()) {
+    HKV_ASSIGN_OR_RETURN(const std::span<const int32_t> after, manager_->BlockTable(id, g));
+    for (size_t i = 0; i < sparse_layers_.size(); ++i) {
+      if (sparse_layers_[i].group != g) continue;
+      cache_.MoveSlots(sparse_layers_[i].layer, old_table_, after, step_keep_[i], e->write_from);
+    }
+    // Only now may freed blocks be poisoned: the moves read them.
+    HKV_RETURN_IF_ERROR(AfterManagerCall());
+    ++counters_.evictions;
+    counters_.tokens_evicted += held - keep;
+    counters_.blocks_evicted += e->blocks_released;
+    return true;
+  }
+  if (e.status().code() == StatusCode::kResourceExhausted) {
+    ++counters_.evictions_deferred;
+    return false;
+  }
+  return e.status();
+}
+
+Status Engine::FinishSparseGroup(Live& r, int32_t g) {
+  const size_t n = sparse_layers_.size();
   const RequestId id = r.seq.id;
+  int64_t keep = -1, held = 0, unchanged = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (sparse_layers_[i].group != g) continue;
+    const std::vector<int32_t>& k = step_keep_[i];
+    const auto count = static_cast<int64_t>(k.size());
+    if (keep >= 0 && count != keep) {
+      return Status::FailedPrecondition(fmt::format(
+          "engine: request {}: the layers of group {} keep {} and {} tokens; one table serves "
+          "them, so a policy must keep as many in each",
+          id, g, keep, count));
+    }
+    int64_t same = 0;
+    while (same < count && k[static_cast<size_t>(same)] == same)
+      ++same;
+    unchanged = keep < 0 ? same : std::min(unchanged, same);
+    keep = count;
+    held = static_cast<int64_t>(step_positions_[i].size());
+  }
+  bool evicted = false;
+  if (keep < held) {
+    HKV_ASSIGN_OR_RETURN(evicted, EvictSparseGroup(id, g, keep, held, unchanged));
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (sparse_layers_[i].group != g) continue;
+    SparseLayerState& s = r.sparse[i];
+    std::vector<int64_t>& pos = step_positions_[i];
+    if (!evicted) {
+      s.kept.swap(pos);  // the step's view is done with; PrepareSparse refills it
+      continue;
+    }
+    s.policy->Compact(step_keep_[i]);
+    s.shown = static_cast<int64_t>(step_keep_[i].size());
+    s.kept.clear();
+    for (int32_t slot : step_keep_[i])
+      s.kept.push_back(pos[static_cast<size_t>(slot)]);
+  }
+  return Status::Ok();
+}
+
+Status Engine::FinishSparse(Live& r, int64_t begin, int64_t end) {
+  ObserveSparse(r, begin, end);
   for (const int32_t g : sparse_groups_) {
-    int64_t keep = -1, held = 0, unchanged = 0;
-    for (size_t i = 0; i < n; ++i) {
-      if (sparse_layers_[i].group != g) continue;
-      const std::vector<int32_t>& k = step_keep_[i];
-      const auto count = static_cast<int64_t>(k.size());
-      if (keep >= 0 && count != keep) {
-        return Status::FailedPrecondition(fmt::format(
-            "engine: request {}: the layers of group {} keep {} and {} tokens; one table serves "
-            "them, so a policy must keep as many in each",
-            id, g, keep, count));
-      }
-      int64_t same = 0;
-      while (same < count && k[static_cast<size_t>(same)] == same)
-        ++same;
-      unchanged = keep < 0 ? same : std::min(unchanged, same);
-      keep = count;
-      held = static_cast<int64_t>(step_positions_[i].size());
-    }
-    bool evicted = false;
-    if (keep < held) {
-      HKV_ASSIGN_OR_RETURN(const std::span<const int32_t> before, manager_->BlockTable(id, g));
-      old_table_.assign(before.begin(), before.end());
-      const Result<EvictResult> e = manager_->Evict(id, g, keep, unchanged);
-      if (e.ok()) {
-        HKV_ASSIGN_OR_RETURN(const std::span<const int32_t> after, manager_->BlockTable(id, g));
-        for (size_t i = 0; i < n; ++i) {
-          if (sparse_layers_[i].group != g) continue;
-          cache_.MoveSlots(sparse_layers_[i].layer, old_table_, after, step_keep_[i],
-                           e->write_from);
-        }
-        // Only now may freed blocks be poisoned: the moves read them.
-        HKV_RETURN_IF_ERROR(AfterManagerCall());
-        ++counters_.evictions;
-        counters_.tokens_evicted += held - keep;
-        counters_.blocks_evicted += e->blocks_released;
-        evicted = true;
-      } else if (e.status().code() == StatusCode::kResourceExhausted) {
-        ++counters_.evictions_deferred;
-      } else {
-        return e.status();
-      }
-    }
-    for (size_t i = 0; i < n; ++i) {
-      if (sparse_layers_[i].group != g) continue;
-      SparseLayerState& s = r.sparse[i];
-      std::vector<int64_t>& pos = step_positions_[i];
-      if (!evicted) {
-        s.kept.swap(pos);  // the step's view is done with; PrepareSparse refills it
-        continue;
-      }
-      s.policy->Compact(step_keep_[i]);
-      s.shown = static_cast<int64_t>(step_keep_[i].size());
-      s.kept.clear();
-      for (int32_t slot : step_keep_[i])
-        s.kept.push_back(pos[static_cast<size_t>(slot)]);
-    }
+    HKV_RETURN_IF_ERROR(FinishSparseGroup(r, g));
   }
   return Status::Ok();
 }

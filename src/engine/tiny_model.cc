@@ -47,9 +47,7 @@ void ScaleRecurrent(LayerSpec& s, const TinyModelOptions& o) {
   s.recurrent = g;
 }
 
-}  // namespace
-
-Result<ModelSpec> ScaleModel(const ModelSpec& real, const TinyModelOptions& o) {
+Status CheckTinyOptions(const TinyModelOptions& o) {
   const auto at_least = [](std::string_view field, int32_t value, int32_t min) {
     return value >= min ? Status::Ok()
                         : Status::InvalidArgument(fmt::format("tiny model: {} = {}: expected >= {}",
@@ -69,15 +67,12 @@ Result<ModelSpec> ScaleModel(const ModelSpec& real, const TinyModelOptions& o) {
         at_least("vocab", o.vocab, 2), at_least("encoder_tokens", o.encoder_tokens, 1)}) {
     if (!st.ok()) return st;
   }
-  ModelSpec t;
-  t.model_type = real.model_type;
-  t.source = real.source + " (scaled)";
-  t.hidden_size = o.hidden;
-  t.max_position_embeddings = real.max_position_embeddings;
-  if (real.max_encoder_tokens > 0) t.max_encoder_tokens = o.encoder_tokens;
-  // The first max_layers model layers, plus the first layer of every kind they lack (Bamba's
-  // first attention layer is its tenth, Gemma-3n's first KV-shared layer its twentieth),
-  // renumbered consecutively.
+  return Status::Ok();
+}
+
+// The first max_layers model layers, plus the first layer of every kind they lack (Bamba's
+// first attention layer is its tenth, Gemma-3n's first KV-shared layer its twentieth), ascending.
+std::vector<int32_t> KeptLayers(const ModelSpec& real, const TinyModelOptions& o) {
   std::vector<int32_t> keep;
   for (int32_t i = 0; i < std::min(real.num_layers, o.max_layers); ++i)
     keep.push_back(i);
@@ -93,6 +88,52 @@ Result<ModelSpec> ScaleModel(const ModelSpec& real, const TinyModelOptions& o) {
   }
   std::sort(keep.begin(), keep.end());
   keep.erase(std::unique(keep.begin(), keep.end()), keep.end());
+  return keep;
+}
+
+void ScaleAttention(LayerSpec& s, const LayerSpec& l, const TinyModelOptions& o) {
+  s.num_kv_heads = o.kv_heads;
+  s.num_q_heads = o.kv_heads * o.q_per_kv;
+  s.head_dim_k = s.head_dim_v = o.head_dim;
+  s.kv_dtype = DType::kFP32;
+  if (l.kind == LayerKind::kSlidingWindow) s.window = o.window;
+  if (l.kind == LayerKind::kChunkedLocal) s.chunk = o.chunk;
+  s.sink_tokens = std::min(l.sink_tokens, 2);
+  if (l.kind == LayerKind::kMla) {
+    s.num_kv_heads = 1;
+    s.qk_rope_head_dim = o.head_dim / 2;
+    s.kv_lora_rank = 2 * o.head_dim;
+    s.head_dim_k = s.kv_lora_rank + s.qk_rope_head_dim;
+    s.head_dim_v = 0;
+  }
+}
+
+// A shared layer whose source was cut (-2) reads the nearest earlier kept layer of its kind that
+// owns a cache, or owns its own cache when there is none.
+void ResolveCutSources(std::vector<LayerSpec>& layers) {
+  for (LayerSpec& s : layers) {
+    if (s.kv_source_layer != -2) continue;
+    s.kv_source_layer = -1;
+    for (const LayerSpec& c : layers) {
+      if (c.layer < s.layer && c.kind == s.kind && c.kv_source_layer == -1) {
+        s.kv_source_layer = c.layer;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+Result<ModelSpec> ScaleModel(const ModelSpec& real, const TinyModelOptions& o) {
+  HKV_RETURN_IF_ERROR(CheckTinyOptions(o));
+  ModelSpec t;
+  t.model_type = real.model_type;
+  t.source = real.source + " (scaled)";
+  t.hidden_size = o.hidden;
+  t.max_position_embeddings = real.max_position_embeddings;
+  if (real.max_encoder_tokens > 0) t.max_encoder_tokens = o.encoder_tokens;
+  // The kept layers, renumbered consecutively.
+  const std::vector<int32_t> keep = KeptLayers(real, o);
   t.num_layers = static_cast<int32_t>(keep.size());
   const auto renumber = [&](int32_t layer) {
     const auto it = std::find(keep.begin(), keep.end(), layer);
@@ -106,35 +147,10 @@ Result<ModelSpec> ScaleModel(const ModelSpec& real, const TinyModelOptions& o) {
     s.kv_source_layer = l.kv_source_layer < 0 ? -1 : renumber(l.kv_source_layer);
     if (l.kv_source_layer >= 0 && s.kv_source_layer < 0) s.kv_source_layer = -2;
     if (IsRecurrentKind(l.kind)) ScaleRecurrent(s, o);
-    if (IsAttentionKind(l.kind)) {
-      s.num_kv_heads = o.kv_heads;
-      s.num_q_heads = o.kv_heads * o.q_per_kv;
-      s.head_dim_k = s.head_dim_v = o.head_dim;
-      s.kv_dtype = DType::kFP32;
-      if (l.kind == LayerKind::kSlidingWindow) s.window = o.window;
-      if (l.kind == LayerKind::kChunkedLocal) s.chunk = o.chunk;
-      s.sink_tokens = std::min(l.sink_tokens, 2);
-      if (l.kind == LayerKind::kMla) {
-        s.num_kv_heads = 1;
-        s.qk_rope_head_dim = o.head_dim / 2;
-        s.kv_lora_rank = 2 * o.head_dim;
-        s.head_dim_k = s.kv_lora_rank + s.qk_rope_head_dim;
-        s.head_dim_v = 0;
-      }
-    }
+    if (IsAttentionKind(l.kind)) ScaleAttention(s, l, o);
     t.layers.push_back(s);
   }
-  // A shared layer whose source was cut reads the nearest earlier kept layer of its kind that
-  // owns a cache, or owns its own cache when there is none.
-  for (LayerSpec& s : t.layers) {
-    if (s.kv_source_layer != -2) continue;
-    s.kv_source_layer = -1;
-    for (const LayerSpec& c : t.layers) {
-      if (c.layer < s.layer && c.kind == s.kind && c.kv_source_layer == -1) {
-        s.kv_source_layer = c.layer;
-      }
-    }
-  }
+  ResolveCutSources(t.layers);
   HKV_RETURN_IF_ERROR(t.Validate());
   return t;
 }

@@ -181,18 +181,10 @@ float Softplus(float v) {
   return v > 20.0f ? v : std::log1p(std::exp(v));
 }
 
-// One token through a recurrent mixer: `h` is the normed input, `y` (gate width) the output
-// before the output projection. The conv state holds the last d_conv - 1 conv inputs, oldest
-// first; the ssm state is updated in place.
-void RecurrentToken(const LayerSpec& l, const LayerWeights& w, const float* h, float* conv,
-                    float* ssm, std::vector<float>& proj, std::vector<float>& c, float* y) {
-  const RecurrentWidths r = RecurrentWidthsOf(l);
-  const RecurrentGeometry& g = l.recurrent;
-  proj.resize(static_cast<size_t>(r.conv + r.gate + 3 * r.heads));  // + step sizes, decays
-  MatVec(w.w_in, h, proj.data());
-  const float* u = proj.data();
-  const float* z = u + r.conv;
-  const float* dt_raw = z + r.gate;
+// The causal conv over the token's conv inputs `u` into `c` (SiLU applied); the conv state then
+// drops its oldest input and keeps `u`.
+void ConvolveToken(const RecurrentGeometry& g, const RecurrentWidths& r, const LayerWeights& w,
+                   const float* u, float* conv, std::vector<float>& c) {
   const int32_t keep = g.d_conv - 1;
   c.resize(static_cast<size_t>(r.conv));
   for (int32_t ch = 0; ch < r.conv; ++ch) {
@@ -206,6 +198,94 @@ void RecurrentToken(const LayerSpec& l, const LayerWeights& w, const float* h, f
     std::copy_n(conv + (j + 1) * r.conv, r.conv, conv + j * r.conv);
   }
   if (keep > 0) std::copy_n(u, r.conv, conv + (keep - 1) * r.conv);
+}
+
+void Mamba1Scan(const RecurrentGeometry& g, const RecurrentWidths& r, const LayerWeights& w,
+                const std::vector<float>& c, const float* dts, const float* decays, float* ssm,
+                float* y) {
+  const int32_t n = g.d_state;
+  for (int32_t ch = 0; ch < g.d_inner; ++ch) {
+    const float a = decays[ch], x = c[static_cast<size_t>(ch)];
+    float acc = w.skip[static_cast<size_t>(ch)] * x;
+    for (int32_t s = 0; s < n; ++s) {
+      const float b = c[static_cast<size_t>((ch + s + 1) % r.conv)];
+      const float cc = c[static_cast<size_t>((ch + s + n) % r.conv)];
+      float& st = ssm[ch * n + s];
+      st = a * st + dts[ch] * x * b;
+      acc += st * cc;
+    }
+    y[ch] = acc;
+  }
+}
+
+void Mamba2Scan(const RecurrentGeometry& g, const LayerWeights& w, const std::vector<float>& c,
+                const float* dts, const float* decays, float* ssm, float* y) {
+  const int32_t n = g.d_state, hd = g.head_dim;
+  const float* b = c.data() + g.d_inner;
+  const float* cc = b + n;
+  for (int32_t head = 0; head < g.n_heads; ++head) {
+    const float a = decays[head];
+    for (int32_t p = 0; p < hd; ++p) {
+      const float x = c[static_cast<size_t>(head * hd + p)];
+      float* st = ssm + (head * hd + p) * n;
+      float acc = w.skip[static_cast<size_t>(head)] * x;
+      for (int32_t s = 0; s < n; ++s) {
+        st[s] = a * st[s] + dts[head] * x * b[s];
+        acc += st[s] * cc[s];
+      }
+      y[head * hd + p] = acc;
+    }
+  }
+}
+
+// Gated delta rule: S <- a S + beta (v - a S k) k^T, out = S q.
+void GatedDeltaScan(const RecurrentGeometry& g, const LayerWeights& w, std::vector<float>& c,
+                    const float* decays, float* ssm, float* y) {
+  const int32_t dk = g.k_head_dim, dv = g.v_head_dim, nk = g.num_k_heads;
+  // Queries then keys, each head L2-normalised in place (no copies per token).
+  float* q = c.data();
+  float* k = q + nk * dk;
+  for (int32_t head = 0; head < 2 * nk; ++head) {
+    float* x = q + head * dk;
+    const float inv = 1.0f / std::sqrt(1e-6f + Dot(x, x, dk));
+    for (int32_t i = 0; i < dk; ++i)
+      x[i] *= inv;
+  }
+  const float* v = c.data() + 2 * nk * dk;
+  for (int32_t head = 0; head < g.num_v_heads; ++head) {
+    const float a = decays[head];
+    const float beta = 1.0f / (1.0f + std::exp(-w.skip[static_cast<size_t>(head)]));
+    const float* kh = k + (head % nk) * dk;
+    const float* qh = q + (head % nk) * dk;
+    for (int32_t p = 0; p < dv; ++p) {
+      float* row = ssm + (head * dv + p) * dk;
+      float sk = 0.0f;
+      for (int32_t i = 0; i < dk; ++i)
+        sk += a * row[i] * kh[i];
+      const float delta = beta * (v[head * dv + p] - sk);
+      float out = 0.0f;
+      for (int32_t i = 0; i < dk; ++i) {
+        row[i] = a * row[i] + delta * kh[i];
+        out += row[i] * qh[i];
+      }
+      y[head * dv + p] = out;
+    }
+  }
+}
+
+// One token through a recurrent mixer: `h` is the normed input, `y` (gate width) the output
+// before the output projection. The conv state holds the last d_conv - 1 conv inputs, oldest
+// first; the ssm state is updated in place.
+void RecurrentToken(const LayerSpec& l, const LayerWeights& w, const float* h, float* conv,
+                    float* ssm, std::vector<float>& proj, std::vector<float>& c, float* y) {
+  const RecurrentWidths r = RecurrentWidthsOf(l);
+  const RecurrentGeometry& g = l.recurrent;
+  proj.resize(static_cast<size_t>(r.conv + r.gate + 3 * r.heads));  // + step sizes, decays
+  MatVec(w.w_in, h, proj.data());
+  const float* u = proj.data();
+  const float* z = u + r.conv;
+  const float* dt_raw = z + r.gate;
+  ConvolveToken(g, r, w, u, conv, c);
   // Step size and decay once per head and token (the scans below use them per state element).
   float* dts = proj.data() + (r.conv + r.gate + r.heads);
   float* decays = dts + r.heads;
@@ -213,77 +293,16 @@ void RecurrentToken(const LayerSpec& l, const LayerWeights& w, const float* h, f
     dts[head] = Softplus(dt_raw[head]);
     decays[head] = std::exp(-dts[head] * std::exp(w.decay[static_cast<size_t>(head)]));
   }
-  const auto dt = [&](int32_t head) { return dts[head]; };
-  const auto decay = [&](int32_t head) { return decays[head]; };
   switch (l.kind) {
-    case LayerKind::kMamba1: {
-      const int32_t n = g.d_state;
-      for (int32_t ch = 0; ch < g.d_inner; ++ch) {
-        const float a = decay(ch), x = c[static_cast<size_t>(ch)];
-        float acc = w.skip[static_cast<size_t>(ch)] * x;
-        for (int32_t s = 0; s < n; ++s) {
-          const float b = c[static_cast<size_t>((ch + s + 1) % r.conv)];
-          const float cc = c[static_cast<size_t>((ch + s + n) % r.conv)];
-          float& st = ssm[ch * n + s];
-          st = a * st + dt(ch) * x * b;
-          acc += st * cc;
-        }
-        y[ch] = acc;
-      }
+    case LayerKind::kMamba1:
+      Mamba1Scan(g, r, w, c, dts, decays, ssm, y);
       break;
-    }
-    case LayerKind::kMamba2: {
-      const int32_t n = g.d_state, hd = g.head_dim;
-      const float* b = c.data() + g.d_inner;
-      const float* cc = b + n;
-      for (int32_t head = 0; head < g.n_heads; ++head) {
-        const float a = decay(head);
-        for (int32_t p = 0; p < hd; ++p) {
-          const float x = c[static_cast<size_t>(head * hd + p)];
-          float* st = ssm + (head * hd + p) * n;
-          float acc = w.skip[static_cast<size_t>(head)] * x;
-          for (int32_t s = 0; s < n; ++s) {
-            st[s] = a * st[s] + dt(head) * x * b[s];
-            acc += st[s] * cc[s];
-          }
-          y[head * hd + p] = acc;
-        }
-      }
+    case LayerKind::kMamba2:
+      Mamba2Scan(g, w, c, dts, decays, ssm, y);
       break;
-    }
-    default: {  // gated delta rule: S <- a S + beta (v - a S k) k^T, out = S q
-      const int32_t dk = g.k_head_dim, dv = g.v_head_dim, nk = g.num_k_heads;
-      // Queries then keys, each head L2-normalised in place (no copies per token).
-      float* q = c.data();
-      float* k = q + nk * dk;
-      for (int32_t head = 0; head < 2 * nk; ++head) {
-        float* x = q + head * dk;
-        const float inv = 1.0f / std::sqrt(1e-6f + Dot(x, x, dk));
-        for (int32_t i = 0; i < dk; ++i)
-          x[i] *= inv;
-      }
-      const float* v = c.data() + 2 * nk * dk;
-      for (int32_t head = 0; head < g.num_v_heads; ++head) {
-        const float a = decay(head);
-        const float beta = 1.0f / (1.0f + std::exp(-w.skip[static_cast<size_t>(head)]));
-        const float* kh = k + (head % nk) * dk;
-        const float* qh = q + (head % nk) * dk;
-        for (int32_t p = 0; p < dv; ++p) {
-          float* row = ssm + (head * dv + p) * dk;
-          float sk = 0.0f;
-          for (int32_t i = 0; i < dk; ++i)
-            sk += a * row[i] * kh[i];
-          const float delta = beta * (v[head * dv + p] - sk);
-          float out = 0.0f;
-          for (int32_t i = 0; i < dk; ++i) {
-            row[i] = a * row[i] + delta * kh[i];
-            out += row[i] * qh[i];
-          }
-          y[head * dv + p] = out;
-        }
-      }
+    default:
+      GatedDeltaScan(g, w, c, decays, ssm, y);
       break;
-    }
   }
   for (int32_t i = 0; i < r.gate; ++i)
     y[i] *= Silu(z[i]);

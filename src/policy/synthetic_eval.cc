@@ -195,90 +195,118 @@ Status CheckKeep(const KvPolicy& policy, const std::vector<int32_t>& keep, size_
   return Status::Ok();
 }
 
+// One trial's sequence and the buffers its steps and runs reuse.
+struct Trial {
+  const SyntheticEvalOptions& o;
+  const SyntheticSequence& seq;
+  int32_t trial;
+  std::vector<float> logits{}, weights{}, keys{}, values{};
+  std::vector<double> dense{}, best{}, acc{}, row{};
+  std::vector<int32_t> keep{};
+  std::vector<int64_t> kept{};
+};
+
+// One step of a trial: tokens [first, end); rows from first_row on have logits.
+struct TrialStep {
+  PolicyStep step;
+  int64_t first = 0, end = 0, first_row = 0;
+  bool decode = false;
+  double total = 0;  // decode: the dense row's mass
+};
+
+// A decode step's measure of a run: the dense mass its cache holds against the best any cache of
+// its size could hold.
+void MeasureDecode(const Trial& t, const TrialStep& s, Run& run) {
+  // Both sums run in position order when every token is cached, so a cache holding all of
+  // them scores exactly the oracle (ratio 1, not 1 up to rounding).
+  double mass = 0;
+  for (int64_t p : run.positions)
+    mass += t.dense[static_cast<size_t>(p)];
+  const size_t m = run.positions.size();
+  const double oracle = static_cast<int64_t>(m) >= s.end ? s.total : t.best[m - 1];
+  SyntheticEvalResult& r = *run.result;
+  const int64_t decode_step = s.first - t.o.prompt_len;
+  const auto at = static_cast<size_t>(t.trial * t.o.decode_steps + decode_step);
+  r.mass[at] = mass;
+  r.oracle_mass[at] = oracle;
+  r.mean_cache_tokens += static_cast<double>(m);
+  if (s.end == t.seq.length() &&
+      std::binary_search(run.positions.begin(), run.positions.end(), t.seq.needle())) {
+    ++r.needles_retrieved;
+  }
+}
+
+// The step as one run sees it: its new tokens, the attention it asked for, then what it keeps.
+Status StepRun(Trial& t, const TrialStep& s, Run& run) {
+  const int64_t count = s.end - s.first;
+  for (int64_t p = s.first; p < s.end; ++p)
+    run.positions.push_back(p);
+  if (run.policy->WantsKeys()) {
+    // Only the step's tokens are new to it: every earlier slot was shown when it was written.
+    const int32_t width = t.seq.kv_heads() * t.seq.head_dim();
+    const WrittenKv kv{std::span<const int64_t>(run.positions).last(static_cast<size_t>(count)),
+                       t.seq.kv_heads(),
+                       width,
+                       width,
+                       t.keys,
+                       t.values};
+    run.policy->Written(kv);
+  }
+  const auto rows = static_cast<int32_t>(RowsAsked(*run.policy, s.step));
+  AttentionFeedback fb;
+  if (rows > 0) {
+    Feedback(t.logits, s.first_row, s.end, rows, run.positions, t.o, t.acc, t.row, t.weights);
+    fb = {t.o.num_kv_heads, rows, t.weights};
+  }
+  run.policy->Observe(run.positions, s.step, fb);
+  if (s.decode) MeasureDecode(t, s, run);
+  t.keep.clear();
+  run.policy->Select(run.positions, run.budget.Resolve(s.end), t.keep);
+  HKV_RETURN_IF_ERROR(CheckKeep(*run.policy, t.keep, run.positions.size()));
+  run.policy->Compact(t.keep);
+  t.kept.clear();
+  for (int32_t slot : t.keep)
+    t.kept.push_back(run.positions[static_cast<size_t>(slot)]);
+  run.positions.swap(t.kept);
+  return Status::Ok();
+}
+
 Status RunTrial(const SyntheticEvalOptions& o, const SyntheticSequence& seq, int32_t trial,
                 std::vector<Run>& runs, SyntheticEvalReport& report) {
   const int64_t n = seq.length();
-  std::vector<float> logits, weights, keys, values;
-  std::vector<double> dense, best, acc, row;
-  std::vector<int32_t> keep;
-  std::vector<int64_t> kept;
+  Trial t{.o = o, .seq = seq, .trial = trial};
   for (int64_t first = 0; first < n;) {
-    const bool decode = first >= o.prompt_len;
-    const int64_t count = decode ? 1 : std::min(o.chunk, o.prompt_len - first);
-    const int64_t end = first + count;
-    const PolicyStep step{first, static_cast<int32_t>(count), !decode && end == o.prompt_len};
+    TrialStep s;
+    s.decode = first >= o.prompt_len;
+    const int64_t count = s.decode ? 1 : std::min(o.chunk, o.prompt_len - first);
+    s.first = first;
+    s.end = first + count;
+    s.step = {first, static_cast<int32_t>(count), !s.decode && s.end == o.prompt_len};
     // Only the rows some run asks for (or the decode row the mass is measured on) are computed.
-    int64_t rows_needed = decode ? 1 : 0;
+    int64_t rows_needed = s.decode ? 1 : 0;
     for (const Run& run : runs)
-      rows_needed = std::max(rows_needed, RowsAsked(*run.policy, step));
-    const int64_t first_row = end - rows_needed;
-    if (rows_needed > 0) seq.Logits(first_row, end, logits);
+      rows_needed = std::max(rows_needed, RowsAsked(*run.policy, s.step));
+    s.first_row = s.end - rows_needed;
+    if (rows_needed > 0) seq.Logits(s.first_row, s.end, t.logits);
     const bool any_wants_keys =
         std::any_of(runs.begin(), runs.end(), [](const Run& r) { return r.policy->WantsKeys(); });
-    if (any_wants_keys) seq.Rows(first, end, keys, values);
-    double total = 0;
-    if (decode) {
-      DenseRow(logits, end - 1, seq.query_heads(), dense);
-      for (double w : dense)
-        total += w;
-      best = dense;
-      std::sort(best.begin(), best.end(), std::greater<>());
-      for (size_t i = 1; i < best.size(); ++i)
-        best[i] += best[i - 1];  // best[m - 1]: the largest m weights
+    if (any_wants_keys) seq.Rows(first, s.end, t.keys, t.values);
+    if (s.decode) {
+      DenseRow(t.logits, s.end - 1, seq.query_heads(), t.dense);
+      for (double w : t.dense)
+        s.total += w;
+      t.best = t.dense;
+      std::sort(t.best.begin(), t.best.end(), std::greater<>());
+      for (size_t i = 1; i < t.best.size(); ++i)
+        t.best[i] += t.best[i - 1];  // best[m - 1]: the largest m weights
     }
-    const int64_t decode_step = first - o.prompt_len;
-    for (Run& run : runs) {
-      for (int64_t p = first; p < end; ++p)
-        run.positions.push_back(p);
-      if (run.policy->WantsKeys()) {
-        // Only the step's tokens are new to it: every earlier slot was shown when it was written.
-        const int32_t width = seq.kv_heads() * seq.head_dim();
-        const WrittenKv kv{std::span<const int64_t>(run.positions).last(static_cast<size_t>(count)),
-                           seq.kv_heads(),
-                           width,
-                           width,
-                           keys,
-                           values};
-        run.policy->Written(kv);
-      }
-      const auto rows = static_cast<int32_t>(RowsAsked(*run.policy, step));
-      AttentionFeedback fb;
-      if (rows > 0) {
-        Feedback(logits, first_row, end, rows, run.positions, o, acc, row, weights);
-        fb = {o.num_kv_heads, rows, weights};
-      }
-      run.policy->Observe(run.positions, step, fb);
-      if (decode) {
-        // Both sums run in position order when every token is cached, so a cache holding all of
-        // them scores exactly the oracle (ratio 1, not 1 up to rounding).
-        double mass = 0;
-        for (int64_t p : run.positions)
-          mass += dense[static_cast<size_t>(p)];
-        const size_t m = run.positions.size();
-        const double oracle = static_cast<int64_t>(m) >= end ? total : best[m - 1];
-        SyntheticEvalResult& r = *run.result;
-        const auto at = static_cast<size_t>(trial * o.decode_steps + decode_step);
-        r.mass[at] = mass;
-        r.oracle_mass[at] = oracle;
-        r.mean_cache_tokens += static_cast<double>(m);
-        if (end == n &&
-            std::binary_search(run.positions.begin(), run.positions.end(), seq.needle())) {
-          ++r.needles_retrieved;
-        }
-      }
-      keep.clear();
-      run.policy->Select(run.positions, run.budget.Resolve(end), keep);
-      HKV_RETURN_IF_ERROR(CheckKeep(*run.policy, keep, run.positions.size()));
-      run.policy->Compact(keep);
-      kept.clear();
-      for (int32_t s : keep)
-        kept.push_back(run.positions[static_cast<size_t>(s)]);
-      run.positions.swap(kept);
-    }
-    if (end == n && std::max_element(dense.begin(), dense.end()) - dense.begin() == seq.needle()) {
+    for (Run& run : runs)
+      HKV_RETURN_IF_ERROR(StepRun(t, s, run));
+    if (s.end == n &&
+        std::max_element(t.dense.begin(), t.dense.end()) - t.dense.begin() == seq.needle()) {
       ++report.needle_dense_top;
     }
-    first = end;
+    first = s.end;
   }
   return Status::Ok();
 }

@@ -445,12 +445,18 @@ std::vector<KvEvent> BlockPool::TakeEvents() {
   return out;
 }
 
-Status BlockPool::CheckInvariants() const {
-  const auto fail = [](std::string what) {
-    return Status::FailedPrecondition("pool invariant: " + what);
-  };
+namespace {
+
+Status InvariantFailure(std::string what) {
+  return Status::FailedPrecondition("pool invariant: " + what);
+}
+
+}  // namespace
+
+// Walks the free list: links agree in both directions, no block twice, only free blocks.
+Status BlockPool::CheckFreeList() const {
+  const auto fail = InvariantFailure;
   if (ref_[0] != 0 || on_list_[0] || has_key_[0]) return fail("the null block is in use");
-  // Walk the free list: links agree in both directions, no block twice, only free blocks.
   int32_t walked = 0;
   int32_t previous = -1;
   int32_t head_run_end = -1;
@@ -481,11 +487,15 @@ Status BlockPool::CheckInvariants() const {
   if (walked != num_free_) {
     return fail(fmt::format("{} blocks on the free list but num_free is {}", walked, num_free_));
   }
-  int32_t marked = 0;
-  int32_t identities = 0;
-  int32_t free_cached = 0;
-  std::vector<int32_t> held(seg_held_.size(), 0), cached(seg_held_.size(), 0);
-  std::vector<int32_t> queued(seg_held_.size(), 0);
+  return Status::Ok();
+}
+
+// Every block is exactly free or exactly held, and its identity is the index's; tallies them.
+Status BlockPool::CountBlocks(InvariantCounts& c) const {
+  const auto fail = InvariantFailure;
+  c.held.assign(seg_held_.size(), 0);
+  c.cached.assign(seg_held_.size(), 0);
+  c.queued.assign(seg_held_.size(), 0);
   for (int32_t b = 1; b < num_blocks(); ++b) {
     const size_t i = static_cast<size_t>(b);
     const size_t seg = Seg(segment_of(b));
@@ -499,42 +509,48 @@ Status BlockPool::CheckInvariants() const {
     if ((ref_[i] == 0) != (on_list_[i] != 0)) {
       return fail(fmt::format("block {} is neither exactly free nor exactly held", b));
     }
-    marked += on_list_[i];
-    held[seg] += ref_[i] > 0 ? 1 : 0;
+    c.marked += on_list_[i];
+    c.held[seg] += ref_[i] > 0 ? 1 : 0;
     if (has_key_[i]) {
-      ++identities;
-      ++cached[seg];
-      free_cached += on_list_[i];
-      queued[seg] += on_list_[i] && tick_[i] != 0 ? 1 : 0;
+      ++c.identities;
+      ++c.cached[seg];
+      c.free_cached += on_list_[i];
+      c.queued[seg] += on_list_[i] && tick_[i] != 0 ? 1 : 0;
       if (index_.Find(key_[i]) != b) {
         return fail(fmt::format("block {} has an identity the index does not map to it", b));
       }
     }
   }
-  if (free_cached != num_free_cached_) {
-    return fail(fmt::format("{} free blocks are cached but the count says {}", free_cached,
+  if (c.free_cached != num_free_cached_) {
+    return fail(fmt::format("{} free blocks are cached but the count says {}", c.free_cached,
                             num_free_cached_));
   }
-  int32_t owned = 0, empty = 0;
+  return Status::Ok();
+}
+
+// Each owned segment's counts and list match its blocks; counts the empty ones into `empty`.
+Status BlockPool::CheckSegments(const InvariantCounts& c, int32_t& empty) const {
+  const auto fail = InvariantFailure;
+  int32_t owned = 0;
   for (size_t seg = 0; seg < seg_held_.size(); ++seg) {
     const uint8_t list = seg_list_[seg];
     if (list == kUnowned) continue;
     owned += segment_blocks_;
-    if (held[seg] != seg_held_[seg] || cached[seg] != seg_cached_[seg] ||
-        queued[seg] != seg_cached_queued_[seg]) {
+    if (c.held[seg] != seg_held_[seg] || c.cached[seg] != seg_cached_[seg] ||
+        c.queued[seg] != seg_cached_queued_[seg]) {
       return fail(fmt::format(
           "segment {} counts {} held, {} cached and {} queued cached blocks, has {}, {} and {}",
-          seg, seg_held_[seg], seg_cached_[seg], seg_cached_queued_[seg], held[seg], cached[seg],
-          queued[seg]));
+          seg, seg_held_[seg], seg_cached_[seg], seg_cached_queued_[seg], c.held[seg],
+          c.cached[seg], c.queued[seg]));
     }
     const uint8_t want =
-        held[seg] > 0 ? kPartlyHeld : (cached[seg] > 0 ? kEmptyCached : kEmptyUncached);
+        c.held[seg] > 0 ? kPartlyHeld : (c.cached[seg] > 0 ? kEmptyCached : kEmptyUncached);
     if (list != want) return fail(fmt::format("segment {} is on the wrong list", seg));
     empty += list != kPartlyHeld ? 1 : 0;
   }
   int32_t stranded = 0;
   for (int32_t b = head_; b >= 0; b = next_[static_cast<size_t>(b)]) {
-    if (!has_key_[static_cast<size_t>(b)] && held[Seg(segment_of(b))] > 0) ++stranded;
+    if (!has_key_[static_cast<size_t>(b)] && c.held[Seg(segment_of(b))] > 0) ++stranded;
   }
   if (stranded != StrandedBlocks()) {
     return fail(fmt::format("{} free blocks are stranded but the count says {}", stranded,
@@ -543,6 +559,12 @@ Status BlockPool::CheckInvariants() const {
   if (owned != num_owned_) {
     return fail(fmt::format("{} blocks owned but the count says {}", owned, num_owned_));
   }
+  return Status::Ok();
+}
+
+// The empty-segment lists link both ways and hold the `empty` segments.
+Status BlockPool::CheckEmptySegmentLists(int32_t empty) const {
+  const auto fail = InvariantFailure;
   int32_t listed = 0;
   for (uint8_t list : {kEmptyUncached, kEmptyCached}) {
     int32_t before = -1;
@@ -563,21 +585,38 @@ Status BlockPool::CheckInvariants() const {
   if (listed != empty || listed != num_empty_) {
     return fail(fmt::format("{} empty segments, {} listed, count {}", empty, listed, num_empty_));
   }
-  if (marked != num_free_) return fail("free marks and the free list disagree");
+  return Status::Ok();
+}
+
+// The index holds exactly the `identities` blocks with an identity, each under its own.
+Status BlockPool::CheckIndex(int32_t identities) const {
   if (identities != index_.size()) {
-    return fail(fmt::format("{} blocks have identities but the index has {} entries", identities,
-                            index_.size()));
+    return InvariantFailure(fmt::format("{} blocks have identities but the index has {} entries",
+                                        identities, index_.size()));
   }
   Status entries = Status::Ok();
   index_.ForEach([&](const PrefixKey& key, int32_t b) {
     if (!entries.ok()) return;
     if (b <= kNullBlock || b >= num_blocks() || !has_key_[static_cast<size_t>(b)] ||
         !(key_[static_cast<size_t>(b)] == key)) {
-      entries =
-          fail(fmt::format("index entry points at block {}, which holds another identity", b));
+      entries = InvariantFailure(
+          fmt::format("index entry points at block {}, which holds another identity", b));
     }
   });
   return entries;
+}
+
+Status BlockPool::CheckInvariants() const {
+  HKV_RETURN_IF_ERROR(CheckFreeList());
+  InvariantCounts counts;
+  HKV_RETURN_IF_ERROR(CountBlocks(counts));
+  int32_t empty = 0;
+  HKV_RETURN_IF_ERROR(CheckSegments(counts, empty));
+  HKV_RETURN_IF_ERROR(CheckEmptySegmentLists(empty));
+  if (counts.marked != num_free_) {
+    return InvariantFailure("free marks and the free list disagree");
+  }
+  return CheckIndex(counts.identities);
 }
 
 Status BlockPool::CheckInvariants(std::span<const int32_t> expected_ref_counts) const {

@@ -223,6 +223,78 @@ Status SlabArena::ReserveKeeping(std::span<BlockPool> pools, std::span<const int
   return Status::Ok();
 }
 
+namespace {
+
+// The slabs of a class that take part in compaction, in the order they are emptied. Only partly
+// held slabs take part: full ones have nowhere to receive pages, empty ones are shared memory
+// already.
+void CompactionCandidates(const BlockPool& bp, int32_t per, std::vector<int32_t>& candidates) {
+  candidates.clear();
+  for (int32_t seg = 0; seg < bp.num_segments(); ++seg) {
+    if (!bp.segment_owned(seg)) continue;
+    const int32_t held = bp.segment_held(seg);
+    if (held > 0 && held < per) candidates.push_back(seg);
+  }
+  // Fewest held pages first (cheapest to empty), then fewest identities (least cache lost).
+  std::sort(candidates.begin(), candidates.end(), [&](int32_t a, int32_t b) {
+    const int32_t ha = bp.segment_held(a), hb = bp.segment_held(b);
+    if (ha != hb) return ha < hb;
+    const int32_t ca = bp.segment_cached(a), cb = bp.segment_cached(b);
+    return ca != cb ? ca < cb : a < b;
+  });
+}
+
+// Victims are a prefix of the candidates: the first k, as long as their held pages fit in the
+// free pages of the slabs after them. Held grows and room shrinks with k, so the feasible k are
+// 0..kmax. Returns k; `moving` gets the victims' held pages.
+size_t CountVictims(const BlockPool& bp, int32_t per, std::span<const int32_t> candidates,
+                    int64_t max_slabs, int64_t& moving) {
+  int64_t room = 0;
+  for (int32_t seg : candidates)
+    room += per - bp.segment_held(seg);
+  moving = 0;
+  size_t k = 0;
+  while (k < candidates.size() && static_cast<int64_t>(k) < max_slabs) {
+    const int32_t held = bp.segment_held(candidates[k]);
+    if (moving + held > room - (per - held)) break;
+    moving += held;
+    room -= per - held;
+    ++k;
+  }
+  return k;
+}
+
+// Destinations for `moving` pages in the slabs after the first k: uncached free pages of the
+// fullest slabs first (filling them is what removes stranding), then cached ones, oldest first
+// (the cheapest cache to lose). The walk stops once every page has a destination: emptying a few
+// slabs does not walk every page of a large class.
+void PickDestinations(const BlockPool& bp, int32_t per, std::span<const int32_t> candidates,
+                      size_t k, int64_t moving, std::vector<int32_t>& dest,
+                      std::vector<std::pair<uint64_t, int32_t>>& cached_dest) {
+  dest.clear();
+  for (size_t i = candidates.size(); i-- > k && static_cast<int64_t>(dest.size()) < moving;) {
+    const int32_t first = candidates[i] * per + 1;
+    for (int32_t b = first; b < first + per && static_cast<int64_t>(dest.size()) < moving; ++b) {
+      if (bp.ref_count(b) == 0 && !bp.has_identity(b)) dest.push_back(b);
+    }
+  }
+  if (static_cast<int64_t>(dest.size()) >= moving) return;
+  cached_dest.clear();
+  for (size_t i = k; i < candidates.size(); ++i) {
+    const int32_t first = candidates[i] * per + 1;
+    for (int32_t b = first; b < first + per; ++b) {
+      if (bp.ref_count(b) == 0 && bp.has_identity(b)) cached_dest.emplace_back(bp.free_tick(b), b);
+    }
+  }
+  std::sort(cached_dest.begin(), cached_dest.end());
+  for (const auto& [tick, b] : cached_dest) {
+    if (static_cast<int64_t>(dest.size()) == moving) break;
+    dest.push_back(b);
+  }
+}
+
+}  // namespace
+
 Status SlabArena::PlanCompaction(std::span<const BlockPool> pools, int32_t pool, int64_t max_slabs,
                                  CompactionPlan& plan) {
   HKV_RETURN_IF_ERROR(CheckShapes(pools, "plan compaction"));
@@ -236,63 +308,11 @@ Status SlabArena::PlanCompaction(std::span<const BlockPool> pools, int32_t pool,
   }
   const BlockPool& bp = pools[static_cast<size_t>(pool)];
   const int32_t per = pages_per_slab_[static_cast<size_t>(pool)];
-  // Only partly held slabs take part: full ones have nowhere to receive pages, empty ones are
-  // shared memory already.
-  candidates_.clear();
-  for (int32_t seg = 0; seg < bp.num_segments(); ++seg) {
-    if (!bp.segment_owned(seg)) continue;
-    const int32_t held = bp.segment_held(seg);
-    if (held > 0 && held < per) candidates_.push_back(seg);
-  }
-  // Fewest held pages first (cheapest to empty), then fewest identities (least cache lost).
-  std::sort(candidates_.begin(), candidates_.end(), [&](int32_t a, int32_t b) {
-    const int32_t ha = bp.segment_held(a), hb = bp.segment_held(b);
-    if (ha != hb) return ha < hb;
-    const int32_t ca = bp.segment_cached(a), cb = bp.segment_cached(b);
-    return ca != cb ? ca < cb : a < b;
-  });
-  // Victims are a prefix of that order: the first k, as long as their held pages fit in the
-  // free pages of the slabs after them. Held grows and room shrinks with k, so the feasible k
-  // are 0..kmax.
-  int64_t room = 0;
-  for (int32_t seg : candidates_)
-    room += per - bp.segment_held(seg);
+  CompactionCandidates(bp, per, candidates_);
   int64_t moving = 0;
-  size_t k = 0;
-  while (k < candidates_.size() && static_cast<int64_t>(k) < max_slabs) {
-    const int32_t held = bp.segment_held(candidates_[k]);
-    if (moving + held > room - (per - held)) break;
-    moving += held;
-    room -= per - held;
-    ++k;
-  }
+  const size_t k = CountVictims(bp, per, candidates_, max_slabs, moving);
   if (k == 0) return Status::Ok();
-  // Destinations: uncached free pages of the fullest slabs first (filling them is what removes
-  // stranding), then cached ones, oldest first (the cheapest cache to lose).
-  // The walk stops once every page has a destination: emptying a few slabs does not walk every
-  // page of a large class.
-  dest_.clear();
-  for (size_t i = candidates_.size(); i-- > k && static_cast<int64_t>(dest_.size()) < moving;) {
-    const int32_t first = candidates_[i] * per + 1;
-    for (int32_t b = first; b < first + per && static_cast<int64_t>(dest_.size()) < moving; ++b) {
-      if (bp.ref_count(b) == 0 && !bp.has_identity(b)) dest_.push_back(b);
-    }
-  }
-  if (static_cast<int64_t>(dest_.size()) < moving) {
-    cached_dest_.clear();
-    for (size_t i = k; i < candidates_.size(); ++i) {
-      const int32_t first = candidates_[i] * per + 1;
-      for (int32_t b = first; b < first + per; ++b) {
-        if (bp.ref_count(b) == 0 && bp.has_identity(b))
-          cached_dest_.emplace_back(bp.free_tick(b), b);
-      }
-    }
-    std::sort(cached_dest_.begin(), cached_dest_.end());
-    for (const auto& [tick, b] : cached_dest_) {
-      if (static_cast<int64_t>(dest_.size()) == moving) break;
-      dest_.push_back(b);
-    }
-  }
+  PickDestinations(bp, per, candidates_, k, moving, dest_, cached_dest_);
   size_t next = 0;
   for (size_t i = 0; i < k; ++i) {
     const int32_t slab = candidates_[i];

@@ -27,6 +27,211 @@ struct Live {
   bool added = false;  // registered with the manager (and not freed since)
 };
 
+struct Scheduled {
+  Live* r;
+  int64_t n;
+};
+
+size_t At(const Live& r) {
+  return static_cast<size_t>(r.id);
+}
+int64_t NumTokens(const Live& r) {
+  return static_cast<int64_t>(r.tokens.size());
+}
+
+// One replay in progress: the requests waiting and running, and the step being scheduled.
+struct ReplayRun {
+  Result<bool> ScheduleRunning(ReplayStep& step, int64_t& budget);
+  Status Admit(ReplayStep& step, int64_t& budget);
+  Status ReadStep(ReplayStep& step);
+  Status Outputs(ReplayStep& step);
+  Status RunStep(ReplayStep& step);
+  Status Run();
+
+  const ReplayOptions& o;
+  const ManagerConfig& mc;
+  KvCacheManager& manager;
+  sim_internal::ReplayBook& book;
+  std::vector<Live> reqs{};
+  std::deque<Live*> waiting{};
+  std::vector<Live*> running{};
+  std::vector<Scheduled> scheduled{};
+  std::vector<int64_t> slots{};
+  sim_internal::Stopwatch watch{};
+};
+
+// 1. Running requests, in order; blocks running short preempt from the back. Whether anyone was
+// preempted.
+Result<bool> ReplayRun::ScheduleRunning(ReplayStep& step, int64_t& budget) {
+  bool preempted = false;
+  for (size_t i = 0; i < running.size(); ++i) {
+    Live* r = running[i];
+    const int64_t n =
+        std::min({NumTokens(*r) - r->computed, budget, o.max_model_len - 1 - r->computed});
+    if (n <= 0) continue;
+    bool stop = false;
+    for (;;) {
+      const Status st = watch([&] { return manager.Allocate(r->id, n); });
+      if (st.ok()) {
+        budget -= n;
+        scheduled.push_back({r, n});
+        break;
+      }
+      if (st.code() != StatusCode::kResourceExhausted) return st;
+      Live* victim = running.back();
+      running.pop_back();
+      HKV_RETURN_IF_ERROR(watch([&] { return manager.Free(victim->id); }));
+      victim->added = false;
+      victim->computed = 0;
+      book.Preempted(At(*victim), step);
+      preempted = true;
+      waiting.push_front(victim);
+      if (victim == r) {
+        stop = true;
+        break;
+      }
+    }
+    if (stop) break;
+  }
+  return preempted;
+}
+
+// 2. Admissions (the caller admits only in a step without preemption).
+Status ReplayRun::Admit(ReplayStep& step, int64_t& budget) {
+  while (!waiting.empty() && budget > 0 && static_cast<int64_t>(running.size()) < o.max_running) {
+    Live* r = waiting.front();
+    if (!r->added) {
+      RequestSpec spec;
+      spec.id = r->id;
+      spec.prompt = r->tokens;
+      HKV_RETURN_IF_ERROR(watch([&] { return manager.AddRequest(spec); }));
+      r->added = true;
+    }
+    HKV_ASSIGN_OR_RETURN(const PrefixHit hit, watch([&] { return manager.Lookup(r->id); }));
+    const int64_t n = std::min(NumTokens(*r) - hit.tokens, budget);
+    // The whole remaining prompt must fit: reserve what this step does not compute.
+    const int64_t rest = NumTokens(*r) - hit.tokens - n;
+    const Status st = watch([&] { return manager.Allocate(r->id, n, hit, rest); });
+    if (st.code() == StatusCode::kResourceExhausted) break;
+    HKV_RETURN_IF_ERROR(st);
+    waiting.pop_front();
+    running.push_back(r);
+    r->computed = hit.tokens;
+    budget -= n;
+    scheduled.push_back({r, n});
+    book.Admitted(At(*r), NumTokens(*r), hit.tokens, step);
+  }
+  return Status::Ok();
+}
+
+// What an engine receives for the step: every scheduled request's tables, slots and state
+// slots. A recurrent checkpoint inside the step's chunk splits the chunk there.
+Status ReplayRun::ReadStep(ReplayStep& step) {
+  ReplayReport& report = book.report();
+  for (const Scheduled& sc : scheduled) {
+    bool counted = false;
+    for (size_t g = 0; g < mc.groups.size(); ++g) {
+      const auto group = static_cast<int32_t>(g);
+      if (mc.groups[g].is_state()) {
+        HKV_ASSIGN_OR_RETURN(const StateStep st,
+                             watch([&] { return manager.State(sc.r->id, group); }));
+        if (!counted) {
+          counted = true;
+          const auto splits = static_cast<int64_t>(
+              std::count_if(st.snapshots.begin(), st.snapshots.end(), [&](const StateSnapshot& x) {
+                return x.position < sc.r->computed + sc.n && x.position <= NumTokens(*sc.r);
+              }));
+          step.state_splits += splits;
+          report.max_request_state_splits = std::max(report.max_request_state_splits, splits);
+        }
+        continue;
+      }
+      HKV_RETURN_IF_ERROR(watch([&] { return manager.BlockTable(sc.r->id, group).status(); }));
+      if (mc.groups[g].is_encoder()) continue;
+      slots.clear();
+      HKV_RETURN_IF_ERROR(watch([&] {
+        return manager.SlotMapping(sc.r->id, group, sc.r->computed, sc.r->computed + sc.n, slots);
+      }));
+    }
+  }
+  return Status::Ok();
+}
+
+// 4. Outputs, finishing requests in scheduling order.
+Status ReplayRun::Outputs(ReplayStep& step) {
+  for (const Scheduled& sc : scheduled) {
+    Live* r = sc.r;
+    if (r->computed < NumTokens(*r)) continue;
+    if (r->outputs < r->trace->output_len) {
+      const int32_t t = book.Output(At(*r), r->outputs);
+      HKV_RETURN_IF_ERROR(watch([&] { return manager.AppendTokens(r->id, {&t, 1}); }));
+      r->tokens.push_back(t);
+      ++r->outputs;
+    }
+    // A request that reaches max_model_len finishes there, as vLLM's scheduler does.
+    if (r->outputs >= r->trace->output_len || NumTokens(*r) >= o.max_model_len) {
+      running.erase(std::find(running.begin(), running.end(), r));
+      HKV_RETURN_IF_ERROR(watch([&] { return manager.Free(r->id); }));
+      r->added = false;
+      book.Finished(At(*r), step);
+    }
+  }
+  return Status::Ok();
+}
+
+Status ReplayRun::RunStep(ReplayStep& step) {
+  int64_t budget = o.token_budget;
+  scheduled.clear();
+  HKV_ASSIGN_OR_RETURN(const bool preempted, ScheduleRunning(step, budget));
+  if (!preempted) HKV_RETURN_IF_ERROR(Admit(step, budget));
+  if (!preempted && running.empty() && !waiting.empty()) {
+    // The head was tried with nothing running, so every cached block was free to evict, and it
+    // still did not fit: it never will, and waiting for it would loop forever.
+    const Live& r = *waiting.front();
+    return Status::ResourceExhausted(fmt::format(
+        "replay: request {} ({} tokens) does not fit in the pools even with nothing else "
+        "running; give the manager more memory",
+        r.trace->id, NumTokens(r)));
+  }
+  HKV_RETURN_IF_ERROR(ReadStep(step));
+  step.running = static_cast<int64_t>(running.size());
+  step.waiting = static_cast<int64_t>(waiting.size());
+  for (size_t p = 0; p < mc.pool_blocks.size(); ++p) {
+    const PoolUsage u = manager.Usage(static_cast<int32_t>(p));
+    step.blocks_used += u.num_blocks - u.num_free;
+    step.cached_blocks += u.num_cached;
+  }
+  // 3. Commit, in scheduling order.
+  for (const Scheduled& sc : scheduled) {
+    HKV_RETURN_IF_ERROR(watch([&] { return manager.Commit(sc.r->id, sc.r->computed + sc.n); }));
+    sc.r->computed += sc.n;
+    step.scheduled_tokens += sc.n;
+  }
+  HKV_RETURN_IF_ERROR(Outputs(step));
+  if (o.check_invariants) HKV_RETURN_IF_ERROR(manager.CheckInvariants());
+  book.EndStep(step, watch.Take());
+  return Status::Ok();
+}
+
+Status ReplayRun::Run() {
+  size_t next = 0;
+  int64_t s = 0;
+  while (next < reqs.size() || !waiting.empty() || !running.empty()) {
+    // 0. Arrivals; skip idle gaps.
+    while (next < reqs.size() && reqs[next].trace->arrival_step <= s)
+      waiting.push_back(&reqs[next++]);
+    if (waiting.empty() && running.empty()) {
+      s = reqs[next].trace->arrival_step;
+      continue;
+    }
+    ReplayStep step;
+    step.step = s;
+    HKV_RETURN_IF_ERROR(RunStep(step));
+    ++s;
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 double ReplayReport::hit_rate() const {
@@ -76,167 +281,15 @@ Result<ReplayReport> Replay(const Trace& trace, const ManagerConfig& config,
   for (size_t p = 0; p < mc.pool_blocks.size(); ++p)
     report.num_blocks += mc.pool_blocks[p] - 1;
 
-  std::vector<Live> reqs(trace.size());
+  ReplayRun run{.o = o, .mc = mc, .manager = manager, .book = book};
+  run.reqs.resize(trace.size());
   for (size_t i = 0; i < trace.size(); ++i) {
-    Live& r = reqs[i];
+    Live& r = run.reqs[i];
     r.trace = &trace[i];
     r.id = static_cast<RequestId>(i);
     r.tokens = trace[i].prompt;
   }
-  const auto at = [](const Live& r) { return static_cast<size_t>(r.id); };
-  const auto num_tokens = [](const Live& r) { return static_cast<int64_t>(r.tokens.size()); };
-
-  std::deque<Live*> waiting;
-  std::vector<Live*> running;
-  struct Scheduled {
-    Live* r;
-    int64_t n;
-  };
-  std::vector<Scheduled> scheduled;
-  std::vector<int64_t> slots;
-  sim_internal::Stopwatch watch;
-  size_t next = 0;
-  int64_t s = 0;
-  while (next < reqs.size() || !waiting.empty() || !running.empty()) {
-    // 0. Arrivals; skip idle gaps.
-    while (next < reqs.size() && reqs[next].trace->arrival_step <= s)
-      waiting.push_back(&reqs[next++]);
-    if (waiting.empty() && running.empty()) {
-      s = reqs[next].trace->arrival_step;
-      continue;
-    }
-    ReplayStep step;
-    step.step = s;
-    int64_t budget = o.token_budget;
-    bool preempted = false;
-    scheduled.clear();
-    // 1. Running requests, in order.
-    for (size_t i = 0; i < running.size(); ++i) {
-      Live* r = running[i];
-      const int64_t n =
-          std::min({num_tokens(*r) - r->computed, budget, o.max_model_len - 1 - r->computed});
-      if (n <= 0) continue;
-      bool stop = false;
-      for (;;) {
-        const Status st = watch([&] { return manager.Allocate(r->id, n); });
-        if (st.ok()) {
-          budget -= n;
-          scheduled.push_back({r, n});
-          break;
-        }
-        if (st.code() != StatusCode::kResourceExhausted) return st;
-        Live* victim = running.back();
-        running.pop_back();
-        HKV_RETURN_IF_ERROR(watch([&] { return manager.Free(victim->id); }));
-        victim->added = false;
-        victim->computed = 0;
-        book.Preempted(at(*victim), step);
-        preempted = true;
-        waiting.push_front(victim);
-        if (victim == r) {
-          stop = true;
-          break;
-        }
-      }
-      if (stop) break;
-    }
-    // 2. Admissions, only in a step without preemption.
-    while (!preempted && !waiting.empty() && budget > 0 &&
-           static_cast<int64_t>(running.size()) < o.max_running) {
-      Live* r = waiting.front();
-      if (!r->added) {
-        RequestSpec spec;
-        spec.id = r->id;
-        spec.prompt = r->tokens;
-        HKV_RETURN_IF_ERROR(watch([&] { return manager.AddRequest(spec); }));
-        r->added = true;
-      }
-      HKV_ASSIGN_OR_RETURN(const PrefixHit hit, watch([&] { return manager.Lookup(r->id); }));
-      const int64_t n = std::min(num_tokens(*r) - hit.tokens, budget);
-      // The whole remaining prompt must fit: reserve what this step does not compute.
-      const int64_t rest = num_tokens(*r) - hit.tokens - n;
-      const Status st = watch([&] { return manager.Allocate(r->id, n, hit, rest); });
-      if (st.code() == StatusCode::kResourceExhausted) break;
-      HKV_RETURN_IF_ERROR(st);
-      waiting.pop_front();
-      running.push_back(r);
-      r->computed = hit.tokens;
-      budget -= n;
-      scheduled.push_back({r, n});
-      book.Admitted(at(*r), num_tokens(*r), hit.tokens, step);
-    }
-    if (!preempted && running.empty() && !waiting.empty()) {
-      // The head was tried with nothing running, so every cached block was free to evict, and it
-      // still did not fit: it never will, and waiting for it would loop forever.
-      const Live& r = *waiting.front();
-      return Status::ResourceExhausted(fmt::format(
-          "replay: request {} ({} tokens) does not fit in the pools even with nothing else "
-          "running; give the manager more memory",
-          r.trace->id, num_tokens(r)));
-    }
-    // What an engine receives for the step: every scheduled request's tables, slots and state
-    // slots. A recurrent checkpoint inside the step's chunk splits the chunk there.
-    for (const Scheduled& sc : scheduled) {
-      bool counted = false;
-      for (size_t g = 0; g < mc.groups.size(); ++g) {
-        const auto group = static_cast<int32_t>(g);
-        if (mc.groups[g].is_state()) {
-          HKV_ASSIGN_OR_RETURN(const StateStep st,
-                               watch([&] { return manager.State(sc.r->id, group); }));
-          if (!counted) {
-            counted = true;
-            const auto splits = static_cast<int64_t>(std::count_if(
-                st.snapshots.begin(), st.snapshots.end(), [&](const StateSnapshot& x) {
-                  return x.position < sc.r->computed + sc.n && x.position <= num_tokens(*sc.r);
-                }));
-            step.state_splits += splits;
-            report.max_request_state_splits = std::max(report.max_request_state_splits, splits);
-          }
-          continue;
-        }
-        HKV_RETURN_IF_ERROR(watch([&] { return manager.BlockTable(sc.r->id, group).status(); }));
-        if (mc.groups[g].is_encoder()) continue;
-        slots.clear();
-        HKV_RETURN_IF_ERROR(watch([&] {
-          return manager.SlotMapping(sc.r->id, group, sc.r->computed, sc.r->computed + sc.n, slots);
-        }));
-      }
-    }
-    step.running = static_cast<int64_t>(running.size());
-    step.waiting = static_cast<int64_t>(waiting.size());
-    for (size_t p = 0; p < mc.pool_blocks.size(); ++p) {
-      const PoolUsage u = manager.Usage(static_cast<int32_t>(p));
-      step.blocks_used += u.num_blocks - u.num_free;
-      step.cached_blocks += u.num_cached;
-    }
-    // 3. Commit, in scheduling order.
-    for (const Scheduled& sc : scheduled) {
-      HKV_RETURN_IF_ERROR(watch([&] { return manager.Commit(sc.r->id, sc.r->computed + sc.n); }));
-      sc.r->computed += sc.n;
-      step.scheduled_tokens += sc.n;
-    }
-    // 4. Outputs, finishing requests in the same order.
-    for (const Scheduled& sc : scheduled) {
-      Live* r = sc.r;
-      if (r->computed < num_tokens(*r)) continue;
-      if (r->outputs < r->trace->output_len) {
-        const int32_t t = book.Output(at(*r), r->outputs);
-        HKV_RETURN_IF_ERROR(watch([&] { return manager.AppendTokens(r->id, {&t, 1}); }));
-        r->tokens.push_back(t);
-        ++r->outputs;
-      }
-      // A request that reaches max_model_len finishes there, as vLLM's scheduler does.
-      if (r->outputs >= r->trace->output_len || num_tokens(*r) >= o.max_model_len) {
-        running.erase(std::find(running.begin(), running.end(), r));
-        HKV_RETURN_IF_ERROR(watch([&] { return manager.Free(r->id); }));
-        r->added = false;
-        book.Finished(at(*r), step);
-      }
-    }
-    if (o.check_invariants) HKV_RETURN_IF_ERROR(manager.CheckInvariants());
-    book.EndStep(step, watch.Take());
-    ++s;
-  }
+  HKV_RETURN_IF_ERROR(run.Run());
   return book.Finish();
 }
 

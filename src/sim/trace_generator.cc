@@ -96,70 +96,63 @@ Status ValidateTraceGenOptions(const TraceGenOptions& o) {
   return Status::Ok();
 }
 
-Result<Trace> GenerateTrace(const TraceGenOptions& o) {
-  HKV_RETURN_IF_ERROR(ValidateTraceGenOptions(o));
-  Rng rng(o.seed);
+namespace {
 
-  std::vector<std::vector<int32_t>> system_prompts(static_cast<size_t>(o.num_system_prompts));
-  for (std::vector<int32_t>& p : system_prompts) {
-    AppendRandomTokens(rng,
-                       static_cast<int32_t>(rng.Between(o.system_prompt_min, o.system_prompt_max)),
-                       o.vocab_size, p);
+// The turns of one session (all of them, or as many as the trace still needs), appended to
+// `pending`.
+void GenerateSession(Rng& rng, const TraceGenOptions& o,
+                     const std::vector<std::vector<int32_t>>& system_prompts, int64_t session,
+                     double session_start, std::vector<Pending>& pending) {
+  const int32_t turns = static_cast<int32_t>(rng.Between(1, o.max_turns));
+  std::vector<int32_t> prompt;
+  int32_t system_prompt = -1;
+  if (!system_prompts.empty() && rng.Unit() < o.system_prompt_share) {
+    system_prompt = static_cast<int32_t>(rng.Between(0, o.num_system_prompts - 1));
+    prompt = system_prompts[static_cast<size_t>(system_prompt)];
   }
-
-  std::vector<Pending> pending;
-  pending.reserve(static_cast<size_t>(o.num_requests));
-  double session_start = 0.0;
-  for (int64_t session = 0; static_cast<int64_t>(pending.size()) < o.num_requests; ++session) {
-    if (session > 0) session_start += rng.Exponential(o.session_gap);
-    const int32_t turns = static_cast<int32_t>(rng.Between(1, o.max_turns));
-    std::vector<int32_t> prompt;
-    int32_t system_prompt = -1;
-    if (!system_prompts.empty() && rng.Unit() < o.system_prompt_share) {
-      system_prompt = static_cast<int32_t>(rng.Between(0, o.num_system_prompts - 1));
-      prompt = system_prompts[static_cast<size_t>(system_prompt)];
+  int64_t arrival = static_cast<int64_t>(std::floor(session_start));
+  size_t previous = SIZE_MAX;
+  for (int32_t turn = 0; turn < turns && static_cast<int64_t>(pending.size()) < o.num_requests;
+       ++turn) {
+    const int32_t message = turn == 0 ? rng.LogUniform(o.first_message_min, o.first_message_max)
+                                      : rng.LogUniform(o.followup_min, o.followup_max);
+    const int32_t output_len = rng.LogUniform(o.output_min, o.output_max);
+    if (previous != SIZE_MAX) {
+      // The conversation so far (with the reply) is the next prompt's prefix.
+      const TraceRequest& last = pending[previous].request;
+      const int64_t prefill_steps =
+          (static_cast<int64_t>(last.prompt.size()) + o.prefill_tokens_per_step - 1) /
+          o.prefill_tokens_per_step;
+      arrival = last.arrival_step + prefill_steps + last.output_len +
+                rng.Between(o.think_min, o.think_max);
+      prompt.insert(prompt.end(), last.output.begin(), last.output.end());
     }
-    int64_t arrival = static_cast<int64_t>(std::floor(session_start));
-    size_t previous = SIZE_MAX;
-    for (int32_t turn = 0; turn < turns && static_cast<int64_t>(pending.size()) < o.num_requests;
-         ++turn) {
-      const int32_t message = turn == 0 ? rng.LogUniform(o.first_message_min, o.first_message_max)
-                                        : rng.LogUniform(o.followup_min, o.followup_max);
-      const int32_t output_len = rng.LogUniform(o.output_min, o.output_max);
-      if (previous != SIZE_MAX) {
-        // The conversation so far (with the reply) is the next prompt's prefix.
-        const TraceRequest& last = pending[previous].request;
-        const int64_t prefill_steps =
-            (static_cast<int64_t>(last.prompt.size()) + o.prefill_tokens_per_step - 1) /
-            o.prefill_tokens_per_step;
-        arrival = last.arrival_step + prefill_steps + last.output_len +
-                  rng.Between(o.think_min, o.think_max);
-        prompt.insert(prompt.end(), last.output.begin(), last.output.end());
-      }
-      if (static_cast<int64_t>(prompt.size()) + message > o.max_prompt_tokens) {
-        // The first turn is clipped to the cap; a later turn that no longer fits ends the session.
-        if (turn > 0) break;
-      }
-      const int32_t room = o.max_prompt_tokens - static_cast<int32_t>(prompt.size());
-      AppendRandomTokens(rng, std::clamp(message, 1, std::max(room, 1)), o.vocab_size, prompt);
-      if (static_cast<int64_t>(prompt.size()) > o.max_prompt_tokens) {
-        prompt.resize(static_cast<size_t>(o.max_prompt_tokens));
-      }
-      Pending p;
-      p.request.arrival_step = arrival;
-      p.request.prompt = prompt;
-      p.request.output_len = output_len;
-      AppendRandomTokens(rng, output_len, o.vocab_size, p.request.output);
-      p.request.session = session;
-      p.request.turn = turn;
-      p.request.system_prompt = system_prompt;
-      p.previous = previous;
-      previous = pending.size();
-      pending.push_back(std::move(p));
+    if (static_cast<int64_t>(prompt.size()) + message > o.max_prompt_tokens) {
+      // The first turn is clipped to the cap; a later turn that no longer fits ends the session.
+      if (turn > 0) break;
     }
+    const int32_t room = o.max_prompt_tokens - static_cast<int32_t>(prompt.size());
+    AppendRandomTokens(rng, std::clamp(message, 1, std::max(room, 1)), o.vocab_size, prompt);
+    if (static_cast<int64_t>(prompt.size()) > o.max_prompt_tokens) {
+      prompt.resize(static_cast<size_t>(o.max_prompt_tokens));
+    }
+    Pending p;
+    p.request.arrival_step = arrival;
+    p.request.prompt = prompt;
+    p.request.output_len = output_len;
+    AppendRandomTokens(rng, output_len, o.vocab_size, p.request.output);
+    p.request.session = session;
+    p.request.turn = turn;
+    p.request.system_prompt = system_prompt;
+    p.previous = previous;
+    previous = pending.size();
+    pending.push_back(std::move(p));
   }
+}
 
-  // Arrival order; ties keep generation order (earlier sessions first).
+// The pending requests in arrival order, ids assigned; ties keep generation order (earlier
+// sessions first).
+Trace InArrivalOrder(std::vector<Pending>& pending) {
   std::vector<size_t> order(pending.size());
   std::iota(order.begin(), order.end(), size_t{0});
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
@@ -178,6 +171,29 @@ Result<Trace> GenerateTrace(const TraceGenOptions& o) {
     trace.push_back(std::move(q));
   }
   return trace;
+}
+
+}  // namespace
+
+Result<Trace> GenerateTrace(const TraceGenOptions& o) {
+  HKV_RETURN_IF_ERROR(ValidateTraceGenOptions(o));
+  Rng rng(o.seed);
+
+  std::vector<std::vector<int32_t>> system_prompts(static_cast<size_t>(o.num_system_prompts));
+  for (std::vector<int32_t>& p : system_prompts) {
+    AppendRandomTokens(rng,
+                       static_cast<int32_t>(rng.Between(o.system_prompt_min, o.system_prompt_max)),
+                       o.vocab_size, p);
+  }
+
+  std::vector<Pending> pending;
+  pending.reserve(static_cast<size_t>(o.num_requests));
+  double session_start = 0.0;
+  for (int64_t session = 0; static_cast<int64_t>(pending.size()) < o.num_requests; ++session) {
+    if (session > 0) session_start += rng.Exponential(o.session_gap);
+    GenerateSession(rng, o, system_prompts, session, session_start, pending);
+  }
+  return InArrivalOrder(pending);
 }
 
 }  // namespace hkv

@@ -70,11 +70,7 @@ class BlockIdDigest {
   uint64_t d_ = 0;
 };
 
-}  // namespace
-
-Result<ReplayReport> ReplayVllm(const Trace& trace, const vllm::KvCacheConfig& config,
-                                const ReplayOptions& o) {
-  HKV_RETURN_IF_ERROR(sim_internal::CheckReplayInputs(trace, o));
+Status CheckVllmConfig(const vllm::KvCacheConfig& config, const ReplayOptions& o) {
   if (config.max_model_len != o.max_model_len) {
     return Status::InvalidArgument(
         fmt::format("replay: the vLLM config was made for max model len {}, the replay uses {}",
@@ -85,33 +81,174 @@ Result<ReplayReport> ReplayVllm(const Trace& trace, const vllm::KvCacheConfig& c
         "replay: the vLLM config was made for {} batched tokens, the replay's token budget is {}",
         config.max_num_batched_tokens, o.token_budget));
   }
-  HKV_ASSIGN_OR_RETURN(vllm::KvCacheManager manager, vllm::KvCacheManager::Create(config));
-  const bool split = config.mamba_block_aligned_split();
-  const int32_t cache_block = config.cache_block_size;
-  const int64_t usable = config.usable_blocks();
+  return Status::Ok();
+}
 
-  sim_internal::ReplayBook book(trace, o);
-  ReplayReport& report = book.report();
-  report.num_blocks = usable;
-  std::vector<Live> reqs;
-  reqs.reserve(trace.size());
-  for (size_t i = 0; i < trace.size(); ++i) {
-    reqs.push_back(Live{&trace[i], vllm::Request(static_cast<vllm::RequestId>(i), trace[i].prompt,
-                                                 config.hash_block_size)});
+struct Scheduled {
+  Live* r;
+  int64_t n;
+};
+
+size_t At(const Live& r) {
+  return static_cast<size_t>(r.req.id());
+}
+
+// One replay over vLLM's manager in progress: the requests waiting and running, and the step
+// being scheduled.
+struct VllmReplayRun {
+  Result<bool> ScheduleRunning(ReplayStep& step, int64_t& budget);
+  Status Admit(ReplayStep& step, int64_t& budget);
+  void Outputs(ReplayStep& step);
+  Status RunStep(ReplayStep& step);
+  Status Run();
+
+  const ReplayOptions& o;
+  vllm::KvCacheManager& manager;
+  sim_internal::ReplayBook& book;
+  const bool split;
+  const int32_t cache_block;
+  const int64_t usable;
+  std::vector<Live> reqs{};
+  std::deque<Live*> waiting{};
+  std::vector<Live*> running{};
+  std::vector<Scheduled> scheduled{};
+  std::vector<Live*> stopped{};
+  vllm::GroupBlocks new_blocks{};
+  BlockIdDigest digest{};
+  sim_internal::Stopwatch watch{};
+};
+
+// Running requests, while budget remains; blocks running short preempt from the back. Whether
+// anyone was preempted.
+Result<bool> VllmReplayRun::ScheduleRunning(ReplayStep& step, int64_t& budget) {
+  bool preempted = false;
+  for (size_t i = 0; i < running.size() && budget > 0;) {
+    Live* r = running[i];
+    int64_t n = std::min({r->req.num_tokens() - r->req.num_computed_tokens, budget,
+                          o.max_model_len - 1 - r->req.num_computed_tokens});
+    if (split) n = MambaBlockAlignedSplit(*r, n, cache_block, 0);
+    if (n <= 0) {
+      ++i;
+      continue;
+    }
+    bool self_preempted = false;
+    for (;;) {
+      vllm::AllocateArgs args;
+      args.num_new_tokens = n;
+      const Status st = watch([&] { return manager.AllocateSlots(r->req, args, &new_blocks); });
+      if (st.ok()) break;
+      if (st.code() != StatusCode::kResourceExhausted) return st;
+      Live* victim = running.back();
+      running.pop_back();
+      watch.Run([&] { manager.Free(victim->req.id()); });
+      victim->req.num_computed_tokens = 0;
+      waiting.push_front(victim);
+      book.Preempted(At(*victim), step);
+      preempted = true;
+      if (victim == r) {
+        self_preempted = true;
+        break;
+      }
+    }
+    if (self_preempted) break;
+    // vLLM hands a running request's new blocks on, or None when no group got any.
+    digest.Request(r->trace->id, new_blocks.empty() ? nullptr : &new_blocks);
+    scheduled.push_back({r, n});
+    budget -= n;
+    ++i;
   }
-  const auto at = [](const Live& r) { return static_cast<size_t>(r.req.id()); };
+  return preempted;
+}
 
-  struct Scheduled {
-    Live* r;
-    int64_t n;
-  };
-  std::deque<Live*> waiting;
-  std::vector<Live*> running;
-  std::vector<Scheduled> scheduled;
-  std::vector<Live*> stopped;
-  vllm::GroupBlocks new_blocks;
-  BlockIdDigest digest;
-  sim_internal::Stopwatch watch;
+// Waiting requests (the caller admits only in a step without preemption).
+Status VllmReplayRun::Admit(ReplayStep& step, int64_t& budget) {
+  while (!waiting.empty() && budget > 0 && static_cast<int64_t>(running.size()) < o.max_running) {
+    Live* r = waiting.front();
+    HKV_ASSIGN_OR_RETURN(const vllm::ComputedBlocks hit,
+                         watch([&] { return manager.GetComputedBlocks(r->req); }));
+    int64_t n = std::min(r->req.num_tokens() - hit.num_tokens, budget);
+    if (split) {
+      n = MambaBlockAlignedSplit(*r, n, cache_block, hit.num_tokens);
+      if (n == 0) break;
+    }
+    vllm::AllocateArgs args;
+    args.num_new_tokens = n;
+    args.num_new_computed_tokens = hit.num_tokens;
+    args.new_computed = &hit;
+    args.full_sequence_must_fit = o.reserve_full_prompt;
+    const Status st = watch([&] { return manager.AllocateSlots(r->req, args); });
+    if (st.code() == StatusCode::kResourceExhausted) break;
+    HKV_RETURN_IF_ERROR(st);
+    waiting.pop_front();
+    running.push_back(r);
+    watch.Run([&] { new_blocks = manager.GetBlockIds(r->req.id()); });
+    digest.Request(r->trace->id, &new_blocks);
+    book.Admitted(At(*r), r->req.num_tokens(), hit.num_tokens, step);
+    r->req.num_computed_tokens = hit.num_tokens;
+    scheduled.push_back({r, n});
+    budget -= n;
+  }
+  return Status::Ok();
+}
+
+// A token is sampled for every request past its prompt; finished ones are freed in order.
+void VllmReplayRun::Outputs(ReplayStep& step) {
+  stopped.clear();
+  for (const Scheduled& sc : scheduled) {
+    Live* r = sc.r;
+    if (r->req.num_computed_tokens < r->req.num_tokens()) continue;
+    if (r->outputs < r->trace->output_len) {
+      r->req.AppendToken(book.Output(At(*r), r->outputs));
+      ++r->outputs;
+    }
+    if (r->outputs >= r->trace->output_len || r->req.num_tokens() >= o.max_model_len)
+      stopped.push_back(r);
+  }
+  if (!stopped.empty()) {
+    std::erase_if(running, [&](Live* r) {
+      return std::find(stopped.begin(), stopped.end(), r) != stopped.end();
+    });
+    for (Live* r : stopped) {
+      watch.Run([&] { manager.Free(r->req.id()); });
+      book.Finished(At(*r), step);
+    }
+  }
+}
+
+Status VllmReplayRun::RunStep(ReplayStep& step) {
+  watch.Run([&] { manager.NewStepStarts(); });
+  int64_t budget = o.token_budget;
+  scheduled.clear();
+  HKV_ASSIGN_OR_RETURN(const bool preempted, ScheduleRunning(step, budget));
+  if (!preempted) HKV_RETURN_IF_ERROR(Admit(step, budget));
+  if (!preempted && running.empty() && !waiting.empty()) {
+    const Live& r = *waiting.front();
+    return Status::ResourceExhausted(fmt::format(
+        "replay: request {} ({} tokens) does not fit in vLLM's {} blocks even with nothing "
+        "else running; give it more memory",
+        r.trace->id, r.req.num_tokens(), usable));
+  }
+  if (!running.empty()) {
+    watch.Run([&] { (void)manager.NumCommonPrefixBlocks(running.front()->req.id()); });
+  }
+
+  const vllm::PoolStats pool = manager.Stats();
+  step.blocks_used = usable - pool.num_free;
+  step.cached_blocks = pool.num_cached;
+  step.running = static_cast<int64_t>(running.size());
+  step.waiting = static_cast<int64_t>(waiting.size());
+
+  for (const Scheduled& sc : scheduled) {
+    sc.r->req.num_computed_tokens += sc.n;
+    step.scheduled_tokens += sc.n;
+  }
+  Outputs(step);
+  if (o.check_invariants) HKV_RETURN_IF_ERROR(manager.CheckInvariants());
+  book.EndStep(step, watch.Take());
+  return Status::Ok();
+}
+
+Status VllmReplayRun::Run() {
   size_t next = 0;
   int64_t s = 0;
   while (next < reqs.size() || !waiting.empty() || !running.empty()) {
@@ -123,124 +260,35 @@ Result<ReplayReport> ReplayVllm(const Trace& trace, const vllm::KvCacheConfig& c
     }
     ReplayStep step;
     step.step = s;
-    watch.Run([&] { manager.NewStepStarts(); });
-    int64_t budget = o.token_budget;
-    bool preempted = false;
-    scheduled.clear();
-
-    // Running requests, while budget remains.
-    for (size_t i = 0; i < running.size() && budget > 0;) {
-      Live* r = running[i];
-      int64_t n = std::min({r->req.num_tokens() - r->req.num_computed_tokens, budget,
-                            o.max_model_len - 1 - r->req.num_computed_tokens});
-      if (split) n = MambaBlockAlignedSplit(*r, n, cache_block, 0);
-      if (n <= 0) {
-        ++i;
-        continue;
-      }
-      bool self_preempted = false;
-      for (;;) {
-        vllm::AllocateArgs args;
-        args.num_new_tokens = n;
-        const Status st = watch([&] { return manager.AllocateSlots(r->req, args, &new_blocks); });
-        if (st.ok()) break;
-        if (st.code() != StatusCode::kResourceExhausted) return st;
-        Live* victim = running.back();
-        running.pop_back();
-        watch.Run([&] { manager.Free(victim->req.id()); });
-        victim->req.num_computed_tokens = 0;
-        waiting.push_front(victim);
-        book.Preempted(at(*victim), step);
-        preempted = true;
-        if (victim == r) {
-          self_preempted = true;
-          break;
-        }
-      }
-      if (self_preempted) break;
-      // vLLM hands a running request's new blocks on, or None when no group got any.
-      digest.Request(r->trace->id, new_blocks.empty() ? nullptr : &new_blocks);
-      scheduled.push_back({r, n});
-      budget -= n;
-      ++i;
-    }
-
-    // Waiting requests, only in a step without preemption.
-    while (!preempted && !waiting.empty() && budget > 0 &&
-           static_cast<int64_t>(running.size()) < o.max_running) {
-      Live* r = waiting.front();
-      HKV_ASSIGN_OR_RETURN(const vllm::ComputedBlocks hit,
-                           watch([&] { return manager.GetComputedBlocks(r->req); }));
-      int64_t n = std::min(r->req.num_tokens() - hit.num_tokens, budget);
-      if (split) {
-        n = MambaBlockAlignedSplit(*r, n, cache_block, hit.num_tokens);
-        if (n == 0) break;
-      }
-      vllm::AllocateArgs args;
-      args.num_new_tokens = n;
-      args.num_new_computed_tokens = hit.num_tokens;
-      args.new_computed = &hit;
-      args.full_sequence_must_fit = o.reserve_full_prompt;
-      const Status st = watch([&] { return manager.AllocateSlots(r->req, args); });
-      if (st.code() == StatusCode::kResourceExhausted) break;
-      HKV_RETURN_IF_ERROR(st);
-      waiting.pop_front();
-      running.push_back(r);
-      watch.Run([&] { new_blocks = manager.GetBlockIds(r->req.id()); });
-      digest.Request(r->trace->id, &new_blocks);
-      book.Admitted(at(*r), r->req.num_tokens(), hit.num_tokens, step);
-      r->req.num_computed_tokens = hit.num_tokens;
-      scheduled.push_back({r, n});
-      budget -= n;
-    }
-    if (!preempted && running.empty() && !waiting.empty()) {
-      const Live& r = *waiting.front();
-      return Status::ResourceExhausted(fmt::format(
-          "replay: request {} ({} tokens) does not fit in vLLM's {} blocks even with nothing "
-          "else running; give it more memory",
-          r.trace->id, r.req.num_tokens(), usable));
-    }
-    if (!running.empty()) {
-      watch.Run([&] { (void)manager.NumCommonPrefixBlocks(running.front()->req.id()); });
-    }
-
-    const vllm::PoolStats pool = manager.Stats();
-    step.blocks_used = usable - pool.num_free;
-    step.cached_blocks = pool.num_cached;
-    step.running = static_cast<int64_t>(running.size());
-    step.waiting = static_cast<int64_t>(waiting.size());
-
-    for (const Scheduled& sc : scheduled) {
-      sc.r->req.num_computed_tokens += sc.n;
-      step.scheduled_tokens += sc.n;
-    }
-
-    // A token is sampled for every request past its prompt; finished ones are freed in order.
-    stopped.clear();
-    for (const Scheduled& sc : scheduled) {
-      Live* r = sc.r;
-      if (r->req.num_computed_tokens < r->req.num_tokens()) continue;
-      if (r->outputs < r->trace->output_len) {
-        r->req.AppendToken(book.Output(at(*r), r->outputs));
-        ++r->outputs;
-      }
-      if (r->outputs >= r->trace->output_len || r->req.num_tokens() >= o.max_model_len)
-        stopped.push_back(r);
-    }
-    if (!stopped.empty()) {
-      std::erase_if(running, [&](Live* r) {
-        return std::find(stopped.begin(), stopped.end(), r) != stopped.end();
-      });
-      for (Live* r : stopped) {
-        watch.Run([&] { manager.Free(r->req.id()); });
-        book.Finished(at(*r), step);
-      }
-    }
-    if (o.check_invariants) HKV_RETURN_IF_ERROR(manager.CheckInvariants());
-    book.EndStep(step, watch.Take());
+    HKV_RETURN_IF_ERROR(RunStep(step));
     ++s;
   }
-  report.block_id_digest = digest.value();
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<ReplayReport> ReplayVllm(const Trace& trace, const vllm::KvCacheConfig& config,
+                                const ReplayOptions& o) {
+  HKV_RETURN_IF_ERROR(sim_internal::CheckReplayInputs(trace, o));
+  HKV_RETURN_IF_ERROR(CheckVllmConfig(config, o));
+  HKV_ASSIGN_OR_RETURN(vllm::KvCacheManager manager, vllm::KvCacheManager::Create(config));
+  sim_internal::ReplayBook book(trace, o);
+  ReplayReport& report = book.report();
+  report.num_blocks = config.usable_blocks();
+  VllmReplayRun run{.o = o,
+                    .manager = manager,
+                    .book = book,
+                    .split = config.mamba_block_aligned_split(),
+                    .cache_block = config.cache_block_size,
+                    .usable = config.usable_blocks()};
+  run.reqs.reserve(trace.size());
+  for (size_t i = 0; i < trace.size(); ++i) {
+    run.reqs.push_back(Live{&trace[i], vllm::Request(static_cast<vllm::RequestId>(i),
+                                                     trace[i].prompt, config.hash_block_size)});
+  }
+  HKV_RETURN_IF_ERROR(run.Run());
+  report.block_id_digest = run.digest.value();
   return book.Finish();
 }
 

@@ -57,18 +57,11 @@ Result<AttentionGeometry> ReadAttention(const ConfigReader& text, std::string_vi
   return g;
 }
 
-Result<RecurrentGeometry> ReadMamba(const ConfigReader& text, std::string_view type, Mixer kind,
-                                    int64_t hidden, const MambaDefaults& d) {
-  RecurrentGeometry g;
-  HKV_ASSIGN_OR_RETURN(int64_t d_conv,
-                       MambaField(text, kConvKeys, d.d_conv, "the Mamba convolution width"));
-  if (d_conv < 2) return text.Invalid(text.FirstPresent(kConvKeys), "a convolution width >= 2");
-  HKV_ASSIGN_OR_RETURN(int64_t d_state,
-                       MambaField(text, {"mamba_d_state", "ssm_state_size", "state_size"},
-                                  d.d_state, "the SSM state size"));
-  g.d_conv = static_cast<int32_t>(d_conv);
-  g.d_state = static_cast<int32_t>(d_state);
+namespace {
 
+// The Mamba inner width: mamba_d_ssm, the family's width when the key is absent, or expand x
+// hidden; 0 where it comes from the heads instead (inner_from_heads).
+Result<int64_t> ReadMambaInner(const ConfigReader& text, int64_t hidden, const MambaDefaults& d) {
   int64_t d_inner = 0;
   if (text.Has("mamba_d_ssm")) {
     HKV_ASSIGN_OR_RETURN(d_inner, text.PositiveInt("mamba_d_ssm"));
@@ -83,11 +76,12 @@ Result<RecurrentGeometry> ReadMamba(const ConfigReader& text, std::string_view t
     return text.Invalid(text.FirstPresent({"mamba_d_ssm", "mamba_expand", "expand"}),
                         fmt::format("a Mamba inner width that fits in int32 (got {})", d_inner));
   }
-  if (kind == Mixer::kMamba1) {
-    g.d_inner = static_cast<int32_t>(d_inner);
-    return g;
-  }
+  return d_inner;
+}
 
+// Mamba-2's heads, head width and groups (and the inner width, where the heads give it) into `g`.
+Status ReadMamba2Heads(const ConfigReader& text, std::string_view type, const MambaDefaults& d,
+                       int64_t d_inner, RecurrentGeometry& g) {
   // Head width may be "auto" (Bamba, Falcon-H1) or recomputed by transformers (Zamba2): then it
   // is the inner width over the head count.
   const std::string_view heads_key = text.FirstPresent(kHeadsKeys);
@@ -138,6 +132,28 @@ Result<RecurrentGeometry> ReadMamba(const ConfigReader& text, std::string_view t
   g.n_heads = static_cast<int32_t>(heads);
   g.head_dim = static_cast<int32_t>(head_dim);
   g.n_groups = static_cast<int32_t>(groups);
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<RecurrentGeometry> ReadMamba(const ConfigReader& text, std::string_view type, Mixer kind,
+                                    int64_t hidden, const MambaDefaults& d) {
+  RecurrentGeometry g;
+  HKV_ASSIGN_OR_RETURN(int64_t d_conv,
+                       MambaField(text, kConvKeys, d.d_conv, "the Mamba convolution width"));
+  if (d_conv < 2) return text.Invalid(text.FirstPresent(kConvKeys), "a convolution width >= 2");
+  HKV_ASSIGN_OR_RETURN(int64_t d_state,
+                       MambaField(text, {"mamba_d_state", "ssm_state_size", "state_size"},
+                                  d.d_state, "the SSM state size"));
+  g.d_conv = static_cast<int32_t>(d_conv);
+  g.d_state = static_cast<int32_t>(d_state);
+  HKV_ASSIGN_OR_RETURN(const int64_t d_inner, ReadMambaInner(text, hidden, d));
+  if (kind == Mixer::kMamba1) {
+    g.d_inner = static_cast<int32_t>(d_inner);
+    return g;
+  }
+  HKV_RETURN_IF_ERROR(ReadMamba2Heads(text, type, d, d_inner, g));
   return g;
 }
 

@@ -232,43 +232,107 @@ Status ApplyKvSharing(const ConfigReader& text, int64_t n, Pattern& p) {
   return Status::Ok();
 }
 
-}  // namespace
+// zamba2: every layer has a Mamba-2 block; the hybrid ones add (weight-shared) attention with
+// a cache of their own.
+Result<Pattern> Zamba2Pattern(const ConfigReader& text, int64_t n) {
+  // transformers derives hybrid_layer_ids from layers_block_type, so the latter wins.
+  Pattern p = UniformPattern(n, {Mixer::kMamba2});
+  if (text.Has("layers_block_type")) {
+    HKV_ASSIGN_OR_RETURN(std::vector<std::string> blocks, text.StringList("layers_block_type"));
+    if (static_cast<int64_t>(blocks.size()) != n) {
+      return text.Invalid(
+          "layers_block_type",
+          fmt::format("num_hidden_layers = {} entries (found {})", n, blocks.size()));
+    }
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      if (blocks[i] == "hybrid") {
+        p.mixers[i] = {Mixer::kMamba2, Mixer::kFull};
+      } else if (blocks[i] != "mamba") {
+        return text.Invalid("layers_block_type",
+                            fmt::format("entries \"mamba\" or \"hybrid\" (item {})", i));
+      }
+    }
+  } else {
+    HKV_ASSIGN_OR_RETURN(std::vector<int64_t> ids, text.IntList("hybrid_layer_ids"));
+    for (int64_t i : ids) {
+      if (i >= n) {
+        return text.Invalid("hybrid_layer_ids",
+                            fmt::format("layer indices below num_hidden_layers = {}", n));
+      }
+      p.mixers[static_cast<size_t>(i)] = {Mixer::kMamba2, Mixer::kFull};
+    }
+  }
+  return p;
+}
 
-Result<Pattern> ReadPattern(const ConfigReader& text, std::string_view type, int64_t n,
-                            const Family& family, std::vector<std::string>& warnings) {
+Result<Pattern> Qwen2Pattern(const ConfigReader& text, int64_t n,
+                             std::vector<std::string>& warnings) {
+  HKV_ASSIGN_OR_RETURN(bool use_sliding, text.BoolOr("use_sliding_window", false));
+  Pattern p = UniformPattern(n, {Mixer::kFull});
+  if (use_sliding && text.Has("sliding_window")) {
+    // transformers: layers from max_window_layers on slide, the ones below stay full.
+    HKV_ASSIGN_OR_RETURN(int64_t first, text.NonNegativeIntOr("max_window_layers", 28));
+    for (int64_t i = first; i < n; ++i)
+      p.mixers[static_cast<size_t>(i)] = {Mixer::kSliding};
+  } else if (text.Has("sliding_window")) {
+    warnings.push_back(
+        fmt::format("{}: sliding_window = {} ignored because use_sliding_window "
+                    "is false: every layer keeps every token",
+                    text.PathOf("sliding_window"), text.Raw("sliding_window")));
+  }
+  return p;
+}
+
+Result<Pattern> JambaPattern(const ConfigReader& text, int64_t n) {
+  HKV_ASSIGN_OR_RETURN(int64_t period, text.PositiveIntOr("attn_layer_period", 8));
+  HKV_ASSIGN_OR_RETURN(int64_t offset, text.NonNegativeIntOr("attn_layer_offset", 4));
+  if (offset >= period) {
+    return text.Invalid("attn_layer_offset",
+                        fmt::format("an offset below attn_layer_period = {}", period));
+  }
+  Pattern p = UniformPattern(n, {Mixer::kMamba1});
+  for (int64_t i = offset; i < n; i += period)
+    p.mixers[static_cast<size_t>(i)] = {Mixer::kFull};
+  return p;
+}
+
+Result<Pattern> Llama4Pattern(const ConfigReader& text, int64_t n) {
+  // RoPE layers use chunked local attention; NoPE layers (no_rope_layers[i] == 0) are global.
+  // An empty list means "not given", as in transformers.
+  std::vector<int64_t> rope_flags(static_cast<size_t>(n), 1);
+  std::vector<int64_t> listed;
+  if (text.Has("no_rope_layers")) {
+    HKV_ASSIGN_OR_RETURN(listed, text.IntList("no_rope_layers"));
+  }
+  if (!listed.empty()) {
+    rope_flags = std::move(listed);
+    if (static_cast<int64_t>(rope_flags.size()) != n) {
+      return text.Invalid("no_rope_layers", fmt::format("num_hidden_layers = {} entries (found {})",
+                                                        n, rope_flags.size()));
+    }
+  } else {
+    HKV_ASSIGN_OR_RETURN(int64_t interval, text.PositiveIntOr("no_rope_layer_interval", 4));
+    for (int64_t i = interval - 1; i < n; i += interval)
+      rope_flags[static_cast<size_t>(i)] = 0;
+  }
+  const bool chunked = text.Has("attention_chunk_size") || !text.Contains("attention_chunk_size");
+  Pattern p = UniformPattern(n, {Mixer::kFull});
+  p.nope.assign(static_cast<size_t>(n), false);
+  for (size_t i = 0; i < rope_flags.size(); ++i) {
+    if (rope_flags[i] != 0 && chunked) p.mixers[i] = {Mixer::kChunked};
+    p.nope[i] = rope_flags[i] == 0;
+  }
+  return p;
+}
+
+// The layers' mixers as the model type (or a layer_types list) gives them.
+Result<Pattern> FamilyPattern(const ConfigReader& text, std::string_view type, int64_t n,
+                              const Family& family, std::vector<std::string>& warnings) {
   Pattern p;
   if (type == "falcon_h1") {
     p = UniformPattern(n, {Mixer::kFull, Mixer::kMamba2});
   } else if (type == "zamba2") {
-    // Every layer has a Mamba-2 block; the hybrid ones add (weight-shared) attention with a
-    // cache of their own.
-    // transformers derives hybrid_layer_ids from layers_block_type, so the latter wins.
-    p = UniformPattern(n, {Mixer::kMamba2});
-    if (text.Has("layers_block_type")) {
-      HKV_ASSIGN_OR_RETURN(std::vector<std::string> blocks, text.StringList("layers_block_type"));
-      if (static_cast<int64_t>(blocks.size()) != n) {
-        return text.Invalid(
-            "layers_block_type",
-            fmt::format("num_hidden_layers = {} entries (found {})", n, blocks.size()));
-      }
-      for (size_t i = 0; i < blocks.size(); ++i) {
-        if (blocks[i] == "hybrid") {
-          p.mixers[i] = {Mixer::kMamba2, Mixer::kFull};
-        } else if (blocks[i] != "mamba") {
-          return text.Invalid("layers_block_type",
-                              fmt::format("entries \"mamba\" or \"hybrid\" (item {})", i));
-        }
-      }
-    } else {
-      HKV_ASSIGN_OR_RETURN(std::vector<int64_t> ids, text.IntList("hybrid_layer_ids"));
-      for (int64_t i : ids) {
-        if (i >= n) {
-          return text.Invalid("hybrid_layer_ids",
-                              fmt::format("layer indices below num_hidden_layers = {}", n));
-        }
-        p.mixers[static_cast<size_t>(i)] = {Mixer::kMamba2, Mixer::kFull};
-      }
-    }
+    HKV_ASSIGN_OR_RETURN(p, Zamba2Pattern(text, n));
   } else if (text.Has("layer_types")) {
     HKV_ASSIGN_OR_RETURN(p, PatternFromLayerTypes(text, "layer_types", n, family));
   } else if (type == "granitemoehybrid") {
@@ -286,19 +350,7 @@ Result<Pattern> ReadPattern(const ConfigReader& text, std::string_view type, int
     const bool slides = text.Has("sliding_window") || !text.Contains("sliding_window");
     p = UniformPattern(n, {slides ? Mixer::kSliding : Mixer::kFull});
   } else if (type == "qwen2") {
-    HKV_ASSIGN_OR_RETURN(bool use_sliding, text.BoolOr("use_sliding_window", false));
-    p = UniformPattern(n, {Mixer::kFull});
-    if (use_sliding && text.Has("sliding_window")) {
-      // transformers: layers from max_window_layers on slide, the ones below stay full.
-      HKV_ASSIGN_OR_RETURN(int64_t first, text.NonNegativeIntOr("max_window_layers", 28));
-      for (int64_t i = first; i < n; ++i)
-        p.mixers[static_cast<size_t>(i)] = {Mixer::kSliding};
-    } else if (text.Has("sliding_window")) {
-      warnings.push_back(
-          fmt::format("{}: sliding_window = {} ignored because use_sliding_window "
-                      "is false: every layer keeps every token",
-                      text.PathOf("sliding_window"), text.Raw("sliding_window")));
-    }
+    HKV_ASSIGN_OR_RETURN(p, Qwen2Pattern(text, n, warnings));
   } else if (type == "gemma2") {
     p = UniformPattern(n, {Mixer::kFull});
     for (int64_t i = 0; i < n; i += 2)
@@ -312,15 +364,7 @@ Result<Pattern> ReadPattern(const ConfigReader& text, std::string_view type, int
     HKV_ASSIGN_OR_RETURN(
         p, PatternFromIndexList(text, "cross_attention_layers", n, Mixer::kCross, Mixer::kFull));
   } else if (type == "jamba") {
-    HKV_ASSIGN_OR_RETURN(int64_t period, text.PositiveIntOr("attn_layer_period", 8));
-    HKV_ASSIGN_OR_RETURN(int64_t offset, text.NonNegativeIntOr("attn_layer_offset", 4));
-    if (offset >= period) {
-      return text.Invalid("attn_layer_offset",
-                          fmt::format("an offset below attn_layer_period = {}", period));
-    }
-    p = UniformPattern(n, {Mixer::kMamba1});
-    for (int64_t i = offset; i < n; i += period)
-      p.mixers[static_cast<size_t>(i)] = {Mixer::kFull};
+    HKV_ASSIGN_OR_RETURN(p, JambaPattern(text, n));
   } else if (type == "bamba") {
     HKV_ASSIGN_OR_RETURN(
         p, PatternFromIndexList(text, "attn_layer_indices", n, Mixer::kFull, Mixer::kMamba2));
@@ -332,38 +376,21 @@ Result<Pattern> ReadPattern(const ConfigReader& text, std::string_view type, int
     for (int64_t i = interval - 1; i < n; i += interval)
       p.mixers[static_cast<size_t>(i)] = {Mixer::kFull};
   } else if (type == "llama4" || type == "llama4_text") {
-    // RoPE layers use chunked local attention; NoPE layers (no_rope_layers[i] == 0) are global.
-    // An empty list means "not given", as in transformers.
-    std::vector<int64_t> rope_flags(static_cast<size_t>(n), 1);
-    std::vector<int64_t> listed;
-    if (text.Has("no_rope_layers")) {
-      HKV_ASSIGN_OR_RETURN(listed, text.IntList("no_rope_layers"));
-    }
-    if (!listed.empty()) {
-      rope_flags = std::move(listed);
-      if (static_cast<int64_t>(rope_flags.size()) != n) {
-        return text.Invalid(
-            "no_rope_layers",
-            fmt::format("num_hidden_layers = {} entries (found {})", n, rope_flags.size()));
-      }
-    } else {
-      HKV_ASSIGN_OR_RETURN(int64_t interval, text.PositiveIntOr("no_rope_layer_interval", 4));
-      for (int64_t i = interval - 1; i < n; i += interval)
-        rope_flags[static_cast<size_t>(i)] = 0;
-    }
-    const bool chunked = text.Has("attention_chunk_size") || !text.Contains("attention_chunk_size");
-    p = UniformPattern(n, {Mixer::kFull});
-    p.nope.assign(static_cast<size_t>(n), false);
-    for (size_t i = 0; i < rope_flags.size(); ++i) {
-      if (rope_flags[i] != 0 && chunked) p.mixers[i] = {Mixer::kChunked};
-      p.nope[i] = rope_flags[i] == 0;
-    }
+    HKV_ASSIGN_OR_RETURN(p, Llama4Pattern(text, n));
   } else {
     return Status::Unsupported(fmt::format(
         "{}: model_type = \"{}\" has no layer pattern reader and the config has no layer_types "
         "list: expected one of the supported model types ({}) or an explicit layer_types",
         text.source(), type, fmt::join(FamilyModelTypes(), ", ")));
   }
+  return p;
+}
+
+}  // namespace
+
+Result<Pattern> ReadPattern(const ConfigReader& text, std::string_view type, int64_t n,
+                            const Family& family, std::vector<std::string>& warnings) {
+  HKV_ASSIGN_OR_RETURN(Pattern p, FamilyPattern(text, type, n, family, warnings));
   if (p.kv_source.empty()) p.kv_source.assign(static_cast<size_t>(n), -1);
   if (p.nope.empty()) p.nope.assign(static_cast<size_t>(n), false);
   if (type == "gpt_oss") p.learned_sinks = true;

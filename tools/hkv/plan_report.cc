@@ -38,23 +38,10 @@ std::string Percent(double x) {
   return fmt::format("{:.2f}%", 100.0 * x);
 }
 
-}  // namespace
-
-nlohmann::json PlanToJson(const Plan& plan) {
-  using nlohmann::json;
-  const PlanOptions& o = plan.options;
-  json doc;
-  doc["model_type"] = plan.model.model_type;
-  doc["source"] = plan.model.source;
-  doc["num_layers"] = plan.model.num_layers;
-  doc["layers"] = plan.model.LayerKindNames();
-  doc["options"] = {{"memory_bytes", o.memory_bytes},     {"block_tokens", o.block_tokens},
-                    {"max_model_len", o.max_model_len},   {"seq_tokens", o.seq_tokens},
-                    {"encoder_tokens", o.encoder_tokens}, {"layout", TensorLayoutName(o.layout)}};
-  doc["strategy"] = PageStrategyName(plan.strategy);
-  json candidates = json::array();
+nlohmann::json CandidatesJson(const Plan& plan) {
+  nlohmann::json candidates = nlohmann::json::array();
   for (const PageCandidate& c : plan.candidates) {
-    json jc = {{"strategy", PageStrategyName(c.strategy)}, {"feasible", c.feasible}};
+    nlohmann::json jc = {{"strategy", PageStrategyName(c.strategy)}, {"feasible", c.feasible}};
     if (c.feasible) {
       jc["wasted_bytes"] = c.wasted_bytes;
       jc["num_groups"] = c.num_groups;
@@ -64,8 +51,11 @@ nlohmann::json PlanToJson(const Plan& plan) {
     }
     candidates.push_back(std::move(jc));
   }
-  doc["candidates"] = std::move(candidates);
-  json groups = json::array();
+  return candidates;
+}
+
+nlohmann::json GroupsJson(const Plan& plan) {
+  nlohmann::json groups = nlohmann::json::array();
   for (const KvGroup& g : plan.groups) {
     groups.push_back({{"id", g.id},
                       {"kind", GroupKind(plan, g)},
@@ -76,8 +66,11 @@ nlohmann::json PlanToJson(const Plan& plan) {
                       {"page_bytes", g.page_bytes},
                       {"page_class", g.page_class}});
   }
-  doc["groups"] = std::move(groups);
-  json classes = json::array();
+  return groups;
+}
+
+nlohmann::json PageClassesJson(const Plan& plan) {
+  nlohmann::json classes = nlohmann::json::array();
   for (const PageClass& c : plan.page_classes) {
     classes.push_back({{"id", c.id},
                        {"page_bytes", c.page_bytes},
@@ -86,27 +79,11 @@ nlohmann::json PlanToJson(const Plan& plan) {
                        {"pages_per_slab", c.pages_per_slab},
                        {"groups", c.groups}});
   }
-  doc["page_classes"] = std::move(classes);
-  doc["arena"] = plan.arena.enabled() ? json{{"slab_bytes", plan.arena.slab_bytes},
-                                             {"num_slabs", plan.arena.num_slabs},
-                                             {"buffer_bytes", plan.arena.buffer_bytes()}}
-                                      : json(nullptr);
-  doc["num_blocks"] = plan.num_pages();
-  doc["bytes_per_token_full"] = plan.model.bytes_per_token_full();
-  doc["state_bytes_per_sequence"] = plan.model.state_bytes_per_sequence();
-  doc["uniform_bytes_per_token"] = plan.uniform_bytes_per_token;
-  const Footprint f = plan.PlanningFootprint();
-  doc["sequence"] = {{"tokens", f.tokens},
-                     {"encoder_tokens", f.encoder_tokens},
-                     {"ideal_bytes", f.ideal_bytes},
-                     {"hybridkv_bytes", f.hybridkv_bytes},
-                     {"uniform_bytes", f.uniform_bytes},
-                     {"hybridkv_waste", f.hybridkv_waste()},
-                     {"uniform_waste", f.uniform_waste()},
-                     {"pages_per_group", f.pages_per_group}};
-  doc["max_sequences"] = {{"hybridkv", plan.MaxSequences(f.tokens, f.encoder_tokens)},
-                          {"uniform", plan.MaxSequencesUniform(f.tokens, f.encoder_tokens)}};
-  json tensors = json::array();
+  return classes;
+}
+
+nlohmann::json TensorsJson(const Plan& plan) {
+  nlohmann::json tensors = nlohmann::json::array();
   for (const TensorView& t : plan.layout.tensors) {
     tensors.push_back({{"layer", plan.model.layers[static_cast<size_t>(t.layer)].layer},
                        {"name", t.name},
@@ -117,20 +94,11 @@ nlohmann::json PlanToJson(const Plan& plan) {
                        {"block_shape", t.block_shape},
                        {"dtype", DTypeName(t.dtype)}});
   }
-  doc["layout"] = {{"kind", TensorLayoutName(o.layout)}, {"tensors", std::move(tensors)}};
-  doc["warnings"] = plan.warnings;
-  return doc;
+  return tensors;
 }
 
-void PrintPlanTable(const Plan& plan, bool show_layout, std::ostream& out) {
-  const PlanOptions& o = plan.options;
-  const ModelSpec& m = plan.model;
-  out << fmt::format("hybridkv plan: {} ({}, {} layers)\n", m.source, m.model_type, m.num_layers);
-  out << fmt::format("  memory {}, block {} tokens, max model len {}, layout {}\n",
-                     FormatBytes(o.memory_bytes), o.block_tokens, o.max_model_len,
-                     TensorLayoutName(o.layout));
-
-  // Layer pattern, run-length encoded so 48-layer models stay on a few lines.
+// Layer pattern, run-length encoded so 48-layer models stay on a few lines.
+void PrintLayers(const ModelSpec& m, std::ostream& out) {
   out << "\nLayers\n";
   const std::vector<std::string> kinds = m.LayerKindNames();
   for (size_t i = 0; i < kinds.size();) {
@@ -141,7 +109,9 @@ void PrintPlanTable(const Plan& plan, bool show_layout, std::ostream& out) {
                        kinds[i]);
     i = j;
   }
+}
 
+void PrintGroups(const Plan& plan, std::ostream& out) {
   out << "\nGroups (all layers of a group share one block table)\n";
   out << fmt::format("  {:>2}  {:<16} {:<22} {:>6} {:>4} {:>6} {:>12} {:>5}\n", "id", "kind",
                      "keeps", "layers", "pad", "block", "page", "class");
@@ -151,6 +121,10 @@ void PrintPlanTable(const Plan& plan, bool show_layout, std::ostream& out) {
                        g.is_state() ? std::string("state") : std::to_string(g.block_tokens),
                        FormatBytes(g.page_bytes), g.page_class);
   }
+}
+
+// The page classes and the page strategy chosen among the candidates.
+void PrintPageClasses(const Plan& plan, std::ostream& out) {
   if (plan.arena.enabled()) {
     out << fmt::format("\nPage classes (one buffer of {} slabs of {} = {}, carved on demand)\n",
                        plan.arena.num_slabs, FormatBytes(plan.arena.slab_bytes),
@@ -177,7 +151,10 @@ void PrintPlanTable(const Plan& plan, bool show_layout, std::ostream& out) {
     }
   }
   out << "\n";
+}
 
+void PrintSequence(const Plan& plan, std::ostream& out) {
+  const ModelSpec& m = plan.model;
   const Footprint f = plan.PlanningFootprint();
   out << fmt::format(
       "\nOne sequence of {} tokens{}\n", f.tokens,
@@ -191,17 +168,72 @@ void PrintPlanTable(const Plan& plan, bool show_layout, std::ostream& out) {
                      plan.MaxSequencesUniform(f.tokens, f.encoder_tokens));
   out << fmt::format("  full-attention bytes per token {}, recurrent state per sequence {}\n",
                      m.bytes_per_token_full(), FormatBytes(m.state_bytes_per_sequence()));
+}
 
-  if (show_layout) {
-    out << "\nLayout (block b of a tensor is at offset + b * stride)\n";
-    out << fmt::format("  {:>5} {:<7} {:>5} {:>14} {:>12} {:>10}  {}\n", "layer", "tensor", "class",
-                       "offset", "stride", "bytes", "block shape");
-    for (const TensorView& t : plan.layout.tensors) {
-      out << fmt::format("  {:>5} {:<7} {:>5} {:>14} {:>12} {:>10}  ({})\n",
-                         m.layers[static_cast<size_t>(t.layer)].layer, t.name, t.page_class,
-                         t.offset, t.block_stride, t.bytes, fmt::join(t.block_shape, ", "));
-    }
+void PrintLayout(const Plan& plan, std::ostream& out) {
+  out << "\nLayout (block b of a tensor is at offset + b * stride)\n";
+  out << fmt::format("  {:>5} {:<7} {:>5} {:>14} {:>12} {:>10}  {}\n", "layer", "tensor", "class",
+                     "offset", "stride", "bytes", "block shape");
+  for (const TensorView& t : plan.layout.tensors) {
+    out << fmt::format("  {:>5} {:<7} {:>5} {:>14} {:>12} {:>10}  ({})\n",
+                       plan.model.layers[static_cast<size_t>(t.layer)].layer, t.name, t.page_class,
+                       t.offset, t.block_stride, t.bytes, fmt::join(t.block_shape, ", "));
   }
+}
+
+}  // namespace
+
+nlohmann::json PlanToJson(const Plan& plan) {
+  using nlohmann::json;
+  const PlanOptions& o = plan.options;
+  json doc;
+  doc["model_type"] = plan.model.model_type;
+  doc["source"] = plan.model.source;
+  doc["num_layers"] = plan.model.num_layers;
+  doc["layers"] = plan.model.LayerKindNames();
+  doc["options"] = {{"memory_bytes", o.memory_bytes},     {"block_tokens", o.block_tokens},
+                    {"max_model_len", o.max_model_len},   {"seq_tokens", o.seq_tokens},
+                    {"encoder_tokens", o.encoder_tokens}, {"layout", TensorLayoutName(o.layout)}};
+  doc["strategy"] = PageStrategyName(plan.strategy);
+  doc["candidates"] = CandidatesJson(plan);
+  doc["groups"] = GroupsJson(plan);
+  doc["page_classes"] = PageClassesJson(plan);
+  doc["arena"] = plan.arena.enabled() ? json{{"slab_bytes", plan.arena.slab_bytes},
+                                             {"num_slabs", plan.arena.num_slabs},
+                                             {"buffer_bytes", plan.arena.buffer_bytes()}}
+                                      : json(nullptr);
+  doc["num_blocks"] = plan.num_pages();
+  doc["bytes_per_token_full"] = plan.model.bytes_per_token_full();
+  doc["state_bytes_per_sequence"] = plan.model.state_bytes_per_sequence();
+  doc["uniform_bytes_per_token"] = plan.uniform_bytes_per_token;
+  const Footprint f = plan.PlanningFootprint();
+  doc["sequence"] = {{"tokens", f.tokens},
+                     {"encoder_tokens", f.encoder_tokens},
+                     {"ideal_bytes", f.ideal_bytes},
+                     {"hybridkv_bytes", f.hybridkv_bytes},
+                     {"uniform_bytes", f.uniform_bytes},
+                     {"hybridkv_waste", f.hybridkv_waste()},
+                     {"uniform_waste", f.uniform_waste()},
+                     {"pages_per_group", f.pages_per_group}};
+  doc["max_sequences"] = {{"hybridkv", plan.MaxSequences(f.tokens, f.encoder_tokens)},
+                          {"uniform", plan.MaxSequencesUniform(f.tokens, f.encoder_tokens)}};
+  doc["layout"] = {{"kind", TensorLayoutName(o.layout)}, {"tensors", TensorsJson(plan)}};
+  doc["warnings"] = plan.warnings;
+  return doc;
+}
+
+void PrintPlanTable(const Plan& plan, bool show_layout, std::ostream& out) {
+  const PlanOptions& o = plan.options;
+  const ModelSpec& m = plan.model;
+  out << fmt::format("hybridkv plan: {} ({}, {} layers)\n", m.source, m.model_type, m.num_layers);
+  out << fmt::format("  memory {}, block {} tokens, max model len {}, layout {}\n",
+                     FormatBytes(o.memory_bytes), o.block_tokens, o.max_model_len,
+                     TensorLayoutName(o.layout));
+  PrintLayers(m, out);
+  PrintGroups(plan, out);
+  PrintPageClasses(plan, out);
+  PrintSequence(plan, out);
+  if (show_layout) PrintLayout(plan, out);
 }
 
 nlohmann::json AllocatorsToJson(const std::vector<AllocatorReport>& reports) {

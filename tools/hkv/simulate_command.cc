@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <ostream>
 
@@ -176,6 +177,106 @@ Status WriteRequestsCsv(const std::filesystem::path& dir, const std::vector<Run>
   return Status::Ok();
 }
 
+// Redraws one run's progress bar on the terminal.
+std::function<void(int64_t)> ProgressBar(std::ostream& err, int64_t total, std::string name) {
+  return [&err, total, name](int64_t done) {
+    const int64_t width = 40, filled = total == 0 ? width : done * width / total;
+    err << fmt::format("\r{:<9} [{:<40}] {}/{} requests", name,
+                       std::string(static_cast<size_t>(filled), '#'), done, total)
+        << std::flush;
+  };
+}
+
+// Replays the trace under run.mode's allocator (empty: vLLM's); false when that failed, with
+// run.error saying why.
+bool SimulateRun(const Inputs& in, const SimulateArgs& args, Run& run, std::ostream& err,
+                 bool err_is_tty) {
+  const std::optional<AllocatorMode>& mode = run.mode;
+  std::optional<Allocator> allocator;
+  std::optional<vllm::KvCacheConfig> vllm_config;
+  if (mode) {
+    Result<Allocator> a = MakeAllocator(in.model, *mode, in.alloc);
+    if (!a.ok()) {
+      run.error = a.status().message();
+      return false;
+    }
+    allocator = std::move(*a);
+    allocator->config.max_state_splits = args.max_state_splits;
+    run.block_tokens = allocator->block_tokens;
+    run.state_page_bytes = allocator->state_page_bytes;
+    run.pool_block_bytes = allocator->pool_block_bytes;
+    run.summary = allocator->summary;
+  } else {
+    Result<vllm::KvCacheConfig> c = vllm::MakeKvCacheConfig(in.model, in.vllm);
+    if (!c.ok()) {
+      run.error = c.status().message();
+      return false;
+    }
+    vllm_config = std::move(*c);
+    run.block_tokens = vllm_config->scheduler_block_size;
+    run.pool_block_bytes = {vllm_config->page_size_bytes * vllm_config->group_size};
+    run.summary =
+        fmt::format("vLLM v1: {} (mamba cache mode {})", vllm::DescribeGroups(*vllm_config),
+                    vllm::MambaCacheModeName(vllm_config->mamba_cache_mode));
+  }
+  run.ideal = IdealHitRate(in.trace, run.block_tokens);
+  ReplayOptions ro = in.replay;
+  if (err_is_tty) {
+    ro.on_progress = ProgressBar(err, static_cast<int64_t>(in.trace.size()), run.name);
+  }
+  Result<ReplayReport> r =
+      allocator ? Replay(in.trace, allocator->config, ro) : ReplayVllm(in.trace, *vllm_config, ro);
+  if (err_is_tty) err << "\r" << std::string(80, ' ') << "\r" << std::flush;
+  if (!r.ok()) {
+    run.error = r.status().message();
+    return false;
+  }
+  run.report = std::move(*r);
+  return true;
+}
+
+void PrintJson(const Inputs& in, const std::vector<Run>& runs, std::ostream& out) {
+  nlohmann::json j;
+  j["model"] = in.model.source;
+  j["trace"] = in.trace_name;
+  j["requests"] = in.trace.size();
+  j["memory_bytes"] = in.alloc.memory_bytes;
+  j["runs"] = nlohmann::json::array();
+  for (const Run& run : runs)
+    j["runs"].push_back(RunJson(run, true));
+  out << j.dump(2) << "\n";
+}
+
+// The files the options ask for: step CSVs, request CSVs, the plot. Whether all were written.
+bool WriteFiles(const Inputs& in, const SimulateArgs& args, const std::vector<Run>& runs,
+                std::ostream& err) {
+  std::vector<StepSeries> series;
+  for (const Run& run : runs) {
+    if (run.report) series.push_back({run.name, &run.report->log});
+  }
+  if (!args.csv_dir.empty()) {
+    if (Status s = WriteStepCsv(args.csv_dir, series); !s.ok()) {
+      err << "hkv simulate: error: " << s.message() << "\n";
+      return false;
+    }
+  }
+  if (!args.requests_csv_dir.empty()) {
+    if (Status s = WriteRequestsCsv(args.requests_csv_dir, runs); !s.ok()) {
+      err << "hkv simulate: error: " << s.message() << "\n";
+      return false;
+    }
+  }
+  if (!args.plot.empty()) {
+    const std::string title = fmt::format("{}, {}, {} requests", in.model.source,
+                                          FormatBytes(in.alloc.memory_bytes), in.trace.size());
+    if (Status s = WritePlot(args.plot, title, series); !s.ok()) {
+      err << "hkv simulate: error: " << s.message() << "\n";
+      return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 TraceGenOptions DefaultSimulateTrace() {
@@ -244,94 +345,14 @@ int RunSimulate(const SimulateArgs& args, std::ostream& out, std::ostream& err, 
     Run& run = runs.emplace_back();
     run.mode = mode;
     run.name = mode ? std::string(AllocatorModeName(*mode)) : "vllm";
-    std::optional<Allocator> allocator;
-    std::optional<vllm::KvCacheConfig> vllm_config;
-    if (mode) {
-      Result<Allocator> a = MakeAllocator(in.model, *mode, in.alloc);
-      if (!a.ok()) {
-        run.error = a.status().message();
-        failed = true;
-        continue;
-      }
-      allocator = std::move(*a);
-      allocator->config.max_state_splits = args.max_state_splits;
-      run.block_tokens = allocator->block_tokens;
-      run.state_page_bytes = allocator->state_page_bytes;
-      run.pool_block_bytes = allocator->pool_block_bytes;
-      run.summary = allocator->summary;
-    } else {
-      Result<vllm::KvCacheConfig> c = vllm::MakeKvCacheConfig(in.model, in.vllm);
-      if (!c.ok()) {
-        run.error = c.status().message();
-        failed = true;
-        continue;
-      }
-      vllm_config = std::move(*c);
-      run.block_tokens = vllm_config->scheduler_block_size;
-      run.pool_block_bytes = {vllm_config->page_size_bytes * vllm_config->group_size};
-      run.summary =
-          fmt::format("vLLM v1: {} (mamba cache mode {})", vllm::DescribeGroups(*vllm_config),
-                      vllm::MambaCacheModeName(vllm_config->mamba_cache_mode));
-    }
-    run.ideal = IdealHitRate(in.trace, run.block_tokens);
-    ReplayOptions ro = in.replay;
-    if (err_is_tty) {
-      const auto total = static_cast<int64_t>(in.trace.size());
-      const std::string name = run.name;
-      ro.on_progress = [&err, total, name](int64_t done) {
-        const int64_t width = 40, filled = total == 0 ? width : done * width / total;
-        err << fmt::format("\r{:<9} [{:<40}] {}/{} requests", name,
-                           std::string(static_cast<size_t>(filled), '#'), done, total)
-            << std::flush;
-      };
-    }
-    Result<ReplayReport> r = allocator ? Replay(in.trace, allocator->config, ro)
-                                       : ReplayVllm(in.trace, *vllm_config, ro);
-    if (err_is_tty) err << "\r" << std::string(80, ' ') << "\r" << std::flush;
-    if (!r.ok()) {
-      run.error = r.status().message();
-      failed = true;
-      continue;
-    }
-    run.report = std::move(*r);
+    if (!SimulateRun(in, args, run, err, err_is_tty)) failed = true;
   }
   if (args.json) {
-    nlohmann::json j;
-    j["model"] = in.model.source;
-    j["trace"] = in.trace_name;
-    j["requests"] = in.trace.size();
-    j["memory_bytes"] = in.alloc.memory_bytes;
-    j["runs"] = nlohmann::json::array();
-    for (const Run& run : runs)
-      j["runs"].push_back(RunJson(run, true));
-    out << j.dump(2) << "\n";
+    PrintJson(in, runs, out);
   } else {
     PrintTable(in, args, runs, out);
   }
-  std::vector<StepSeries> series;
-  for (const Run& run : runs) {
-    if (run.report) series.push_back({run.name, &run.report->log});
-  }
-  if (!args.csv_dir.empty()) {
-    if (Status s = WriteStepCsv(args.csv_dir, series); !s.ok()) {
-      err << "hkv simulate: error: " << s.message() << "\n";
-      return 2;
-    }
-  }
-  if (!args.requests_csv_dir.empty()) {
-    if (Status s = WriteRequestsCsv(args.requests_csv_dir, runs); !s.ok()) {
-      err << "hkv simulate: error: " << s.message() << "\n";
-      return 2;
-    }
-  }
-  if (!args.plot.empty()) {
-    const std::string title = fmt::format("{}, {}, {} requests", in.model.source,
-                                          FormatBytes(in.alloc.memory_bytes), in.trace.size());
-    if (Status s = WritePlot(args.plot, title, series); !s.ok()) {
-      err << "hkv simulate: error: " << s.message() << "\n";
-      return 2;
-    }
-  }
+  if (!WriteFiles(in, args, runs, err)) return 2;
   for (const Run& run : runs) {
     if (!run.report) {
       err << fmt::format("hkv simulate: {}: {}\n", run.name, run.error);

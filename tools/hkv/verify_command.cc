@@ -52,6 +52,170 @@ CLI::App* AddVerifyCommand(CLI::App& app, VerifyArgs& args) {
   return cmd;
 }
 
+namespace {
+
+// --policy and --budget into options.sparse; false (after saying why) when either is invalid.
+bool ParseSparse(const VerifyArgs& args, VerifyOptions& options, std::ostream& err) {
+  if (args.policy.empty() && args.budget.empty()) return true;
+  SparseKvOptions sparse;
+  const Result<PolicyKind> kind = ParsePolicyKind(args.policy.empty() ? "dense" : args.policy);
+  if (!kind.ok()) {
+    err << "hkv verify: --policy: " << kind.status().ToString() << "\n";
+    return false;
+  }
+  sparse.policy.kind = *kind;
+  if (!args.budget.empty()) {
+    const Result<PolicyBudget> budget = ParsePolicyBudget(args.budget);
+    if (!budget.ok()) {
+      err << "hkv verify: --budget: " << budget.status().ToString() << "\n";
+      return false;
+    }
+    sparse.budget = *budget;
+  }
+  options.sparse = sparse;
+  return true;
+}
+
+// redis:HOST:PORT (an unreadable port is 0).
+RemoteTierOptions RedisOptions(const std::string& offload, int64_t capacity_bytes) {
+  const std::string where = offload.substr(6);
+  const size_t colon = where.rfind(':');
+  RemoteTierOptions ro;
+  ro.host = colon == std::string::npos ? where : where.substr(0, colon);
+  ro.port = 0;
+  if (colon != std::string::npos) {
+    try {
+      ro.port = std::stoi(where.substr(colon + 1));
+    } catch (const std::exception&) {
+      ro.port = 0;
+    }
+  }
+  // A namespace of its own, so runs against a shared server never see each other's blocks.
+  ro.name_space = fmt::format("hkv-verify-{}", ::getpid());
+  ro.capacity_bytes = capacity_bytes;
+  return ro;
+}
+
+// The --offload tier into `tier` (a disk tier without a directory gets a new temp_dir); false
+// (after saying why) when it cannot be opened.
+bool OpenTier(const std::string& offload, std::unique_ptr<Tier>& tier,
+              std::filesystem::path& temp_dir, std::ostream& err) {
+  constexpr int64_t kTierBytes = int64_t{1} << 30;
+  if (offload == "host") {
+    tier = std::make_unique<HostTier>(kTierBytes);
+  } else if (offload == "disk" || offload.starts_with("disk:")) {
+    std::filesystem::path dir = offload.size() > 5 ? offload.substr(5) : "";
+    if (dir.empty()) {
+      temp_dir =
+          std::filesystem::temp_directory_path() / fmt::format("hkv-verify-disk-{}", ::getpid());
+      dir = temp_dir;
+    }
+    auto disk = DiskTier::Open(dir, kTierBytes);
+    if (!disk.ok()) {
+      err << "hkv verify: --offload: " << disk.status().ToString() << "\n";
+      return false;
+    }
+    tier = std::make_unique<DiskTier>(std::move(disk).value());
+  } else if (offload.starts_with("redis:")) {
+    auto remote = RemoteTier::Connect(RedisOptions(offload, kTierBytes));
+    if (!remote.ok()) {
+      err << "hkv verify: --offload: " << remote.status().ToString() << "\n";
+      return false;
+    }
+    tier = std::move(remote).value();
+  } else {
+    err << "hkv verify: --offload: unknown tier '" << offload
+        << "'; expected host, disk, disk:DIR or redis:HOST:PORT\n";
+    return false;
+  }
+  return true;
+}
+
+void PrintJson(const VerifyArgs& args, const VerifyOptions& options, const VerifyReport& r,
+               std::ostream& out) {
+  const EngineCounters& f = r.features;
+  nlohmann::json j;
+  j["model"] = r.model;
+  j["requests"] = r.requests;
+  j["steps"] = r.steps;
+  j["memory_bytes"] = r.memory_bytes;
+  j["completed"] = r.completed;
+  j["mismatches"] = r.mismatches;
+  j["dense_mismatches"] = r.dense_mismatches;
+  j["max_logit_diff"] = r.max_logit_diff;
+  j["padded_block_tokens"] = r.padded_block_tokens;
+  j["slabs_reclaimed"] = r.slabs_reclaimed;
+  j["features"] = {{"prefix_hit_tokens", f.prefix_hit_tokens},
+                   {"preemptions", f.preemptions},
+                   {"forks", f.forks},
+                   {"truncations", f.truncations},
+                   {"checkpoint_hits", f.checkpoint_hits},
+                   {"shortest_checkpoint_hit", f.shortest_checkpoint_hit},
+                   {"window_blocks_freed", f.window_blocks_freed},
+                   {"state_splits", f.state_splits},
+                   {"max_state_splits", f.max_state_splits},
+                   {"cross_attention_reuses", f.cross_attention_reuses},
+                   {"drafts_accepted", f.drafts_accepted},
+                   {"drafts_rejected", f.drafts_rejected},
+                   {"compactions", f.compactions},
+                   {"pages_moved", f.pages_moved},
+                   {"slabs_compacted", f.slabs_compacted},
+                   {"evictions", f.evictions},
+                   {"tokens_evicted", f.tokens_evicted},
+                   {"blocks_evicted", f.blocks_evicted},
+                   {"evictions_deferred", f.evictions_deferred}};
+  if (options.kv_events) j["kv_event_batches"] = r.kv_event_batches;
+  if (options.offload) {
+    j["offload"] = {{"tier", args.offload},
+                    {"engines", r.engines},
+                    {"external_hits", r.external_hits},
+                    {"loads_completed", r.loads_completed},
+                    {"loads_failed", r.loads_failed}};
+  }
+  out << j.dump(2) << "\n";
+}
+
+void PrintText(const VerifyArgs& args, const VerifyOptions& options, const VerifyReport& r,
+               std::ostream& out) {
+  const EngineCounters& f = r.features;
+  out << fmt::format("hkv verify: {} (scaled)\n", r.model);
+  out << fmt::format("  requests {}  steps {}  completed {}\n", r.requests, r.steps,
+                     r.completed ? "yes" : "no");
+  out << fmt::format("  mismatches {}  max logit diff {:.3g}\n", r.mismatches, r.max_logit_diff);
+  out << fmt::format(
+      "  prefix hit tokens {}  preemptions {}  forks {}  truncations {}\n"
+      "  checkpoint hits {}  window blocks freed {}  cross-attention reuses {}\n"
+      "  drafts accepted {}  rejected {}\n"
+      "  slabs reclaimed {}  compactions {}  pages moved {}  slabs compacted {}\n",
+      f.prefix_hit_tokens, f.preemptions, f.forks, f.truncations, f.checkpoint_hits,
+      f.window_blocks_freed, f.cross_attention_reuses, f.drafts_accepted, f.drafts_rejected,
+      r.slabs_reclaimed, f.compactions, f.pages_moved, f.slabs_compacted);
+  if (options.sparse) {
+    out << fmt::format(
+        "  policy {}: evictions {}  tokens evicted {}  blocks evicted {}  deferred {}\n"
+        "  (checked against attention masked to the kept tokens; {} differ from dense)\n",
+        PolicyKindName(options.sparse->policy.kind), f.evictions, f.tokens_evicted,
+        f.blocks_evicted, f.evictions_deferred, r.dense_mismatches);
+  }
+  if (options.kv_events) {
+    out << fmt::format("  KV events: {} batches published on {}\n", r.kv_event_batches,
+                       args.kv_events);
+  }
+  if (options.offload) {
+    out << fmt::format(
+        "  offload to the {} tier: {} engine(s); hits loaded from the tier {}  loads completed "
+        "{}  failed {}\n",
+        args.offload, r.engines, r.external_hits, r.loads_completed, r.loads_failed);
+  }
+  if (r.padded_block_tokens > 0) {
+    out << fmt::format(
+        "  shortest checkpoint hit {} tokens (a padded allocator's block: {} tokens)\n",
+        f.shortest_checkpoint_hit, r.padded_block_tokens);
+  }
+}
+
+}  // namespace
+
 int RunVerifyCommand(const VerifyArgs& args, std::ostream& out, std::ostream& err) {
   const LoadOptions fp32{DType::kFP32, DType::kFP32, DType::kFP32};
   auto model = LoadModelConfig(args.config, fp32);
@@ -60,70 +224,11 @@ int RunVerifyCommand(const VerifyArgs& args, std::ostream& out, std::ostream& er
     return 2;
   }
   VerifyOptions options = args.options;
-  if (!args.policy.empty() || !args.budget.empty()) {
-    SparseKvOptions sparse;
-    const Result<PolicyKind> kind = ParsePolicyKind(args.policy.empty() ? "dense" : args.policy);
-    if (!kind.ok()) {
-      err << "hkv verify: --policy: " << kind.status().ToString() << "\n";
-      return 2;
-    }
-    sparse.policy.kind = *kind;
-    if (!args.budget.empty()) {
-      const Result<PolicyBudget> budget = ParsePolicyBudget(args.budget);
-      if (!budget.ok()) {
-        err << "hkv verify: --budget: " << budget.status().ToString() << "\n";
-        return 2;
-      }
-      sparse.budget = *budget;
-    }
-    options.sparse = sparse;
-  }
+  if (!ParseSparse(args, options, err)) return 2;
   std::unique_ptr<Tier> tier;
   std::filesystem::path temp_dir;
   if (!args.offload.empty()) {
-    constexpr int64_t kTierBytes = int64_t{1} << 30;
-    if (args.offload == "host") {
-      tier = std::make_unique<HostTier>(kTierBytes);
-    } else if (args.offload == "disk" || args.offload.starts_with("disk:")) {
-      std::filesystem::path dir = args.offload.size() > 5 ? args.offload.substr(5) : "";
-      if (dir.empty()) {
-        temp_dir =
-            std::filesystem::temp_directory_path() / fmt::format("hkv-verify-disk-{}", ::getpid());
-        dir = temp_dir;
-      }
-      auto disk = DiskTier::Open(dir, kTierBytes);
-      if (!disk.ok()) {
-        err << "hkv verify: --offload: " << disk.status().ToString() << "\n";
-        return 2;
-      }
-      tier = std::make_unique<DiskTier>(std::move(disk).value());
-    } else if (args.offload.starts_with("redis:")) {
-      const std::string where = args.offload.substr(6);
-      const size_t colon = where.rfind(':');
-      RemoteTierOptions ro;
-      ro.host = colon == std::string::npos ? where : where.substr(0, colon);
-      ro.port = 0;
-      if (colon != std::string::npos) {
-        try {
-          ro.port = std::stoi(where.substr(colon + 1));
-        } catch (const std::exception&) {
-          ro.port = 0;
-        }
-      }
-      // A namespace of its own, so runs against a shared server never see each other's blocks.
-      ro.name_space = fmt::format("hkv-verify-{}", ::getpid());
-      ro.capacity_bytes = kTierBytes;
-      auto remote = RemoteTier::Connect(ro);
-      if (!remote.ok()) {
-        err << "hkv verify: --offload: " << remote.status().ToString() << "\n";
-        return 2;
-      }
-      tier = std::move(remote).value();
-    } else {
-      err << "hkv verify: --offload: unknown tier '" << args.offload
-          << "'; expected host, disk, disk:DIR or redis:HOST:PORT\n";
-      return 2;
-    }
+    if (!OpenTier(args.offload, tier, temp_dir, err)) return 2;
     options.offload = OffloadOptions{{tier.get()}};
   } else if (options.restarts > 0) {
     err << "hkv verify: --restarts needs --offload (a fresh engine without a tier starts empty)\n";
@@ -146,82 +251,10 @@ int RunVerifyCommand(const VerifyArgs& args, std::ostream& out, std::ostream& er
     return 2;
   }
   const VerifyReport& r = *report;
-  const EngineCounters& f = r.features;
   if (args.json) {
-    nlohmann::json j;
-    j["model"] = r.model;
-    j["requests"] = r.requests;
-    j["steps"] = r.steps;
-    j["memory_bytes"] = r.memory_bytes;
-    j["completed"] = r.completed;
-    j["mismatches"] = r.mismatches;
-    j["dense_mismatches"] = r.dense_mismatches;
-    j["max_logit_diff"] = r.max_logit_diff;
-    j["padded_block_tokens"] = r.padded_block_tokens;
-    j["slabs_reclaimed"] = r.slabs_reclaimed;
-    j["features"] = {{"prefix_hit_tokens", f.prefix_hit_tokens},
-                     {"preemptions", f.preemptions},
-                     {"forks", f.forks},
-                     {"truncations", f.truncations},
-                     {"checkpoint_hits", f.checkpoint_hits},
-                     {"shortest_checkpoint_hit", f.shortest_checkpoint_hit},
-                     {"window_blocks_freed", f.window_blocks_freed},
-                     {"state_splits", f.state_splits},
-                     {"max_state_splits", f.max_state_splits},
-                     {"cross_attention_reuses", f.cross_attention_reuses},
-                     {"drafts_accepted", f.drafts_accepted},
-                     {"drafts_rejected", f.drafts_rejected},
-                     {"compactions", f.compactions},
-                     {"pages_moved", f.pages_moved},
-                     {"slabs_compacted", f.slabs_compacted},
-                     {"evictions", f.evictions},
-                     {"tokens_evicted", f.tokens_evicted},
-                     {"blocks_evicted", f.blocks_evicted},
-                     {"evictions_deferred", f.evictions_deferred}};
-    if (options.kv_events) j["kv_event_batches"] = r.kv_event_batches;
-    if (options.offload) {
-      j["offload"] = {{"tier", args.offload},
-                      {"engines", r.engines},
-                      {"external_hits", r.external_hits},
-                      {"loads_completed", r.loads_completed},
-                      {"loads_failed", r.loads_failed}};
-    }
-    out << j.dump(2) << "\n";
+    PrintJson(args, options, r, out);
   } else {
-    out << fmt::format("hkv verify: {} (scaled)\n", r.model);
-    out << fmt::format("  requests {}  steps {}  completed {}\n", r.requests, r.steps,
-                       r.completed ? "yes" : "no");
-    out << fmt::format("  mismatches {}  max logit diff {:.3g}\n", r.mismatches, r.max_logit_diff);
-    out << fmt::format(
-        "  prefix hit tokens {}  preemptions {}  forks {}  truncations {}\n"
-        "  checkpoint hits {}  window blocks freed {}  cross-attention reuses {}\n"
-        "  drafts accepted {}  rejected {}\n"
-        "  slabs reclaimed {}  compactions {}  pages moved {}  slabs compacted {}\n",
-        f.prefix_hit_tokens, f.preemptions, f.forks, f.truncations, f.checkpoint_hits,
-        f.window_blocks_freed, f.cross_attention_reuses, f.drafts_accepted, f.drafts_rejected,
-        r.slabs_reclaimed, f.compactions, f.pages_moved, f.slabs_compacted);
-    if (options.sparse) {
-      out << fmt::format(
-          "  policy {}: evictions {}  tokens evicted {}  blocks evicted {}  deferred {}\n"
-          "  (checked against attention masked to the kept tokens; {} differ from dense)\n",
-          PolicyKindName(options.sparse->policy.kind), f.evictions, f.tokens_evicted,
-          f.blocks_evicted, f.evictions_deferred, r.dense_mismatches);
-    }
-    if (options.kv_events) {
-      out << fmt::format("  KV events: {} batches published on {}\n", r.kv_event_batches,
-                         args.kv_events);
-    }
-    if (options.offload) {
-      out << fmt::format(
-          "  offload to the {} tier: {} engine(s); hits loaded from the tier {}  loads completed "
-          "{}  failed {}\n",
-          args.offload, r.engines, r.external_hits, r.loads_completed, r.loads_failed);
-    }
-    if (r.padded_block_tokens > 0) {
-      out << fmt::format(
-          "  shortest checkpoint hit {} tokens (a padded allocator's block: {} tokens)\n",
-          f.shortest_checkpoint_hit, r.padded_block_tokens);
-    }
+    PrintText(args, options, r, out);
   }
   return r.mismatches == 0 && r.completed ? 0 : 1;
 }

@@ -229,6 +229,10 @@ class Engine {
          PagedKvCache cache, const EngineOptions& options);
 
   Status Admit(Live& r);
+  // Step's parts: admission from the waiting queue, then one running request's step within the
+  // step's token budget (`executed` counts the requests whose step ran).
+  Status AdmitWaiting();
+  Status StepRequest(Live* r, int64_t& budget, int64_t& executed);
   // Runs one step of `r`, which has `computed` positions, over `n` new tokens (drafts appended
   // to `tokens` beyond the known ones when speculative). Returns false when blocks ran out and
   // someone was preempted.
@@ -236,6 +240,12 @@ class Engine {
   Status Preempt(const Live* victim);
   // Runs the open step of `r` (allocated by RunStep); the tokens it computed.
   Result<int64_t> Execute(Live& r, const std::vector<int32_t>& drafts);
+  // Execute's forward pass over the open step: the logits of its positions, vocab per row.
+  Result<std::vector<float>> ForwardStep(Live& r, const StepInfo& step,
+                                         const std::vector<int32_t>& drafts);
+  // Execute's commit of positions up to `commit_at` of a step ending at `end`; every other
+  // shortened step commits whole first and truncates, to exercise Truncate.
+  Status CommitStep(RequestId id, int64_t end, int64_t commit_at);
   // Offload: ends `r`'s load (FinishLoad); whether the blocks arrived.
   Result<bool> EndLoad(Live& r, bool loaded);
   // Frees `r` if it generated everything it should.
@@ -256,6 +266,11 @@ class Engine {
   // After the pass: the rows not yet shown to policies that rank by keys (WantsKeys).
   void ShowWritten(Live& r, PagedKvCache::StepView& view);
   Status FinishSparse(Live& r, int64_t begin, int64_t end);
+  // FinishSparse's parts: the policies' selections, then per sparse group its eviction.
+  void ObserveSparse(Live& r, int64_t begin, int64_t end);
+  Status FinishSparseGroup(Live& r, int32_t g);
+  Result<bool> EvictSparseGroup(RequestId id, int32_t g, int64_t keep, int64_t held,
+                                int64_t unchanged);
 
   const ModelSpec& spec_;
   const ModelWeights& weights_;

@@ -177,6 +177,17 @@ class BlockPool {
   // holds the identity already, changes nothing.
   // false: another block holds key
   bool Store(int32_t block, const PrefixKey& key, uint64_t origin = 0, int64_t position = -1);
+  // CheckInvariants' parts, in the order it checks; CountBlocks tallies the blocks per segment
+  // and in all for the checks after it.
+  struct InvariantCounts {
+    int32_t marked = 0, identities = 0, free_cached = 0;
+    std::vector<int32_t> held, cached, queued;  // per segment
+  };
+  Status CheckFreeList() const;
+  Status CountBlocks(InvariantCounts& counts) const;
+  Status CheckSegments(const InvariantCounts& counts, int32_t& empty) const;
+  Status CheckEmptySegmentLists(int32_t empty) const;
+  Status CheckIndex(int32_t identities) const;
 
   std::vector<int32_t> ref_;
   std::vector<int32_t> prev_, next_;  // free-list links, -1 at the ends
