@@ -477,6 +477,30 @@ void BindStepViews(ManagerClass& cls) {
           "snapshots a list of (position, slot).");
 }
 
+// Per-step deltas: an engine that keeps tables on its side copies only what changed.
+void BindTableDeltas(ManagerClass& cls) {
+  cls.def(
+      "take_table_delta",
+      [](Manager& self, uint64_t id, int32_t group) {
+        // Copied under the lock (which runs without the GIL); the array is made after it.
+        int32_t size = 0, from = 0;
+        std::vector<int32_t> changed;
+        self.Locked([&](KvCacheManager& mgr) {
+          const TableDelta d = Value(mgr.TakeTableDelta(id, group));
+          size = d.size;
+          from = d.from;
+          changed.assign(d.blocks.begin(), d.blocks.end());
+        });
+        py::array_t<int32_t> blocks(static_cast<py::ssize_t>(changed.size()));
+        std::copy(changed.begin(), changed.end(), blocks.mutable_data());
+        return py::make_tuple(size, from, blocks);
+      },
+      py::arg("id"), py::arg("group"),
+      "What changed in a token or encoder group's block table since it was last taken: "
+      "(size, from, blocks) - the table now has `size` entries and entries [from, size) are "
+      "`blocks` (an int32 array); the first call gives the whole table. Marks the table taken.");
+}
+
 // Batched per-step calls: one Python call per step instead of one per request.
 void BindBatchCalls(ManagerClass& cls) {
   cls.def(
@@ -703,6 +727,7 @@ void BindManager(py::module_& m) {
   BindRequests(cls);
   BindAllocation(cls);
   BindStepViews(cls);
+  BindTableDeltas(cls);
   BindBatchCalls(cls);
   BindBatchViews(cls);
   BindQueries(cls);

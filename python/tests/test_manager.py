@@ -62,6 +62,23 @@ def test_block_table_is_the_callers_copy_and_survives_the_request(small):
     assert len(b) == 3 and 0 not in b
 
 
+def test_table_deltas_rebuild_the_table_from_what_changed(small):
+    run_prompt(small, 1, range(10))
+    size, start, blocks = small.take_table_delta(1, 0)
+    assert (size, start) == (3, 0) and blocks.dtype == np.int32
+    assert list(blocks) == list(small.block_table(1, 0))
+    small.append_tokens(1, [7])
+    small.allocate(1, 1)  # position 10 is in block 2: nothing changes
+    assert small.take_table_delta(1, 0)[:2] == (3, 3)
+    small.commit(1, 11)
+    small.append_tokens(1, [8, 9])
+    small.allocate(1, 2)  # position 12 opens block 3
+    size, start, blocks = small.take_table_delta(1, 0)
+    assert (size, start) == (4, 3) and list(blocks) == [small.block_table(1, 0)[3]]
+    with pytest.raises(hybridkv.NotFoundError):
+        small.take_table_delta(9, 0)
+
+
 def test_slot_mapping_into_a_callers_buffer(small):
     small.add_request(1, np.arange(10, dtype=np.int32))
     small.allocate(1, 10)

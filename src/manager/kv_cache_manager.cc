@@ -311,13 +311,17 @@ Result<StepInfo> KvCacheManager::Step(RequestId id) const {
     return Status::FailedPrecondition(
         fmt::format("step: request {} has no open step (call Allocate first)", id));
   }
+  return impl_->StepOf(*r);
+}
+
+StepInfo KvCacheManager::Impl::StepOf(const Request& r) const {
   StepInfo s;
-  s.begin = r->step_begin;
-  s.end = r->step_end;
-  s.reserved_end = r->reserved;
-  s.run_encoder = impl_->has_encoder && !r->encoder_ready;
-  s.copies = r->copies;
-  s.loads = r->loads;
+  s.begin = r.step_begin;
+  s.end = r.step_end;
+  s.reserved_end = r.reserved;
+  s.run_encoder = has_encoder && !r.encoder_ready;
+  s.copies = r.copies;
+  s.loads = r.loads;
   return s;
 }
 
@@ -435,7 +439,7 @@ Status KvCacheManager::TakeStepInputs(RequestId id, StepInputs& out) {
     return Status::FailedPrecondition(
         fmt::format("step inputs: request {} has no open step (call Allocate first)", id));
   }
-  out.step = Step(id).value();
+  out.step = m.StepOf(*r);
   const size_t n = m.groups.size();
   out.tables.resize(n);
   out.states.resize(n);

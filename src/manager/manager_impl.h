@@ -83,6 +83,7 @@ struct KvCacheManager::Impl {
   Result<CompactionResult> Compact(std::span<const int64_t> max_slabs_per_class);
   void ReleaseTokenBlocksCoherently(Request& r);
   Status CheckInvariants() const;
+  StepInfo StepOf(const Request& r) const;  // Step's answer for a request with an open step
   // SlotMapping's work for a request already found (validation included).
   Status MapSlots(const Request& r, int32_t group, int64_t begin, int64_t end,
                   std::span<int64_t> out) const;

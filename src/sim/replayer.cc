@@ -56,7 +56,7 @@ struct ReplayRun {
   std::deque<Live*> waiting{};
   std::vector<Live*> running{};
   std::vector<Scheduled> scheduled{};
-  std::vector<int64_t> slots{};
+  StepInputs inputs{};
   sim_internal::Stopwatch watch{};
 };
 
@@ -124,34 +124,23 @@ Status ReplayRun::Admit(ReplayStep& step, int64_t& budget) {
   return Status::Ok();
 }
 
-// What an engine receives for the step: every scheduled request's tables, slots and state
-// slots. A recurrent checkpoint inside the step's chunk splits the chunk there.
+// What an engine receives for the step: for every scheduled request what changed in its tables,
+// its slots and its state slots, in one call (TakeStepInputs). A recurrent checkpoint inside the
+// step's chunk splits the chunk there.
 Status ReplayRun::ReadStep(ReplayStep& step) {
   ReplayReport& report = book.report();
   for (const Scheduled& sc : scheduled) {
-    bool counted = false;
+    HKV_RETURN_IF_ERROR(watch([&] { return manager.TakeStepInputs(sc.r->id, inputs); }));
     for (size_t g = 0; g < mc.groups.size(); ++g) {
-      const auto group = static_cast<int32_t>(g);
-      if (mc.groups[g].is_state()) {
-        HKV_ASSIGN_OR_RETURN(const StateStep st,
-                             watch([&] { return manager.State(sc.r->id, group); }));
-        if (!counted) {
-          counted = true;
-          const auto splits = static_cast<int64_t>(
-              std::count_if(st.snapshots.begin(), st.snapshots.end(), [&](const StateSnapshot& x) {
-                return x.position < sc.r->computed + sc.n && x.position <= NumTokens(*sc.r);
-              }));
-          step.state_splits += splits;
-          report.max_request_state_splits = std::max(report.max_request_state_splits, splits);
-        }
-        continue;
-      }
-      HKV_RETURN_IF_ERROR(watch([&] { return manager.BlockTable(sc.r->id, group).status(); }));
-      if (mc.groups[g].is_encoder()) continue;
-      slots.clear();
-      HKV_RETURN_IF_ERROR(watch([&] {
-        return manager.SlotMapping(sc.r->id, group, sc.r->computed, sc.r->computed + sc.n, slots);
-      }));
+      if (!mc.groups[g].is_state()) continue;
+      const std::span<const StateSnapshot> snaps = inputs.states[g].snapshots;
+      const auto splits =
+          static_cast<int64_t>(std::count_if(snaps.begin(), snaps.end(), [&](const auto& x) {
+            return x.position < sc.r->computed + sc.n && x.position <= NumTokens(*sc.r);
+          }));
+      step.state_splits += splits;
+      report.max_request_state_splits = std::max(report.max_request_state_splits, splits);
+      break;  // every state group splits at the same positions
     }
   }
   return Status::Ok();
