@@ -115,7 +115,7 @@ void KvCacheManager::Impl::ApplyStep(Request& r, const StepPlan& s) {
   // Releases come last: copy sources, and speculative states kept from the previous step.
   for (const BlockCopy& c : r.copies)
     core.ReleaseOne(group(static_cast<size_t>(c.group)).pool(), c.src, r.retention);
-  for (const auto& g : groups)
+  for (manager_internal::GroupManager* g : previous_step_keepers)
     g->EndPreviousStep(r);
 }
 
@@ -232,7 +232,7 @@ Status KvCacheManager::Impl::Commit(Request& r, int64_t c) {
         fmt::format("commit: request {}: computed {} outside the step's [{}, {}]", r.id, c,
                     r.step_begin, r.step_end));
   }
-  for (const auto& g : groups)
+  for (const manager_internal::GroupManager* g : commit_checkers)
     HKV_RETURN_IF_ERROR(g->CheckCommit(r, c));
   const int64_t publish_limit = std::min({c, r.known(), r.publish_until});
   r.computed = c;

@@ -12,7 +12,7 @@
 
 namespace hkv::manager_internal {
 
-class EncoderGroup : public GroupManager {
+class EncoderGroup final : public GroupManager {
  public:
   using GroupManager::GroupManager;
 

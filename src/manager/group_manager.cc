@@ -48,6 +48,10 @@ std::span<const int32_t> GroupManager::Table(int32_t) const {
 int64_t GroupManager::Evicted(int32_t) const {
   return 0;
 }
+std::span<const int32_t> GroupManager::TableAndEvicted(int32_t slot, int64_t& evicted) const {
+  evicted = Evicted(slot);
+  return Table(slot);
+}
 bool GroupManager::TakeDelta(int32_t, TableDelta&) {
   return false;
 }

@@ -116,9 +116,13 @@ class GroupManager {
   // Allocates the step's blocks (copy-on-write targets into r.copies).
   virtual void ApplyStep(Request& r, const StepPlan& s) = 0;
   // After the step's allocations: releases what the previous step kept only for Truncate.
+  // Called only for groups that say they keep such things (the coordinator lists them once).
+  virtual bool KeepsPreviousStep() const { return false; }
   virtual void EndPreviousStep(Request& r);
 
   // ---- Commit, Truncate, Fork, Free.
+  // Whether Commit(computed) can close the step there; called only for groups that restrict it.
+  virtual bool RestrictsCommit() const { return false; }
   virtual Status CheckCommit(const Request& r, int64_t computed) const;
   virtual void Commit(Request& r, int64_t computed, int64_t publish_limit) = 0;
   // Returns the request to x (TruncateBound's fixed point established that it can).
@@ -147,6 +151,8 @@ class GroupManager {
   virtual bool HoldsLoadTarget(const Request& r, const BlockLoad& l) const = 0;
   virtual std::span<const int32_t> Table(int32_t slot) const;
   virtual int64_t Evicted(int32_t slot) const;
+  // Both at once, for the per-step slot mapping.
+  virtual std::span<const int32_t> TableAndEvicted(int32_t slot, int64_t& evicted) const;
   // The table entries changed since the last call (false: the group keeps no table).
   virtual bool TakeDelta(int32_t slot, TableDelta& out);
   virtual StateStep StepState(int32_t slot) const;

@@ -28,6 +28,8 @@ KvCacheManager::Impl::Impl(const ManagerConfig& c) : core(c), config(core.config
     has_token_groups = has_token_groups || IsDecoderTokens(gc);
     has_window_groups = has_window_groups || ReleasesTokens(gc);
     groups.push_back(manager_internal::MakeGroupManager(core, static_cast<int32_t>(g)));
+    if (groups.back()->KeepsPreviousStep()) previous_step_keepers.push_back(groups.back().get());
+    if (groups.back()->RestrictsCommit()) commit_checkers.push_back(groups.back().get());
   }
   for (int pass = 0; pass < 2; ++pass) {
     for (size_t gi = 0; gi < config.groups.size(); ++gi) {
@@ -366,11 +368,10 @@ Status KvCacheManager::Impl::MapSlots(const Request& req, int32_t group, int64_t
         fmt::format("slot mapping: group {} is a state group; use State()", group));
   }
   const manager_internal::GroupManager& gm = this->group(static_cast<size_t>(group));
-  const std::span<const int32_t> table = gm.Table(r->slot);
+  int64_t shift = 0;  // after Evict, position p sits in slot p - evicted
+  const std::span<const int32_t> table = gm.TableAndEvicted(r->slot, shift);
   const int64_t bs = gc.block_tokens;
   const int64_t limit = gc.is_encoder() ? static_cast<int64_t>(table.size()) * bs : r->reserved;
-  // After Evict, position p sits in slot p - evicted.
-  const int64_t shift = gm.Evicted(r->slot);
   if (shift > 0 && begin < r->computed && begin < end) {
     return Status::InvalidArgument(fmt::format(
         "slot mapping: request {} group {} evicted tokens; positions before its computed {} have "

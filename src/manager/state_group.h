@@ -40,7 +40,7 @@ struct StateSlot {
   }
 };
 
-class StateGroup : public GroupManager {
+class StateGroup final : public GroupManager {
  public:
   using GroupManager::GroupManager;
 
@@ -53,7 +53,9 @@ class StateGroup : public GroupManager {
   void ApplyHit(Request& r, const StepPlan& s, HitPlan& hp) override;
   void PlaceLoad(Request& r, int64_t index, int32_t block) override;
   void ApplyStep(Request& r, const StepPlan& s) override;
+  bool KeepsPreviousStep() const override { return true; }
   void EndPreviousStep(Request& r) override;
+  bool RestrictsCommit() const override { return true; }
   Status CheckCommit(const Request& r, int64_t computed) const override;
   void Commit(Request& r, int64_t computed, int64_t publish_limit) override;
   void Truncate(Request& r, int64_t x, int64_t new_known) override;

@@ -62,6 +62,11 @@ class TokenGroup : public GroupManager {
   bool HoldsLoadTarget(const Request& r, const BlockLoad& l) const override;
   std::span<const int32_t> Table(int32_t slot) const override { return slot_at(slot).table; }
   int64_t Evicted(int32_t slot) const override { return slot_at(slot).evicted; }
+  std::span<const int32_t> TableAndEvicted(int32_t slot, int64_t& evicted) const override {
+    const TokenSlot& ts = slot_at(slot);
+    evicted = ts.evicted;
+    return ts.table;
+  }
   bool TakeDelta(int32_t slot, TableDelta& out) override;
 
  protected:
@@ -103,7 +108,7 @@ int64_t ScanDown(int64_t bs, int64_t x, int64_t unit, const NeededAt& needed_at,
 
 // Full attention: needs every block before the position; the only kind that evicts by policy
 // (sparse KV), and the one whose cached reach marks where prefixes branch.
-class FullAttentionGroup : public TokenGroup {
+class FullAttentionGroup final : public TokenGroup {
  public:
   using TokenGroup::TokenGroup;
 
@@ -122,7 +127,7 @@ class FullAttentionGroup : public TokenGroup {
 // Sliding window (with attention sinks) and chunked local attention: needs only the blocks the
 // span reaches back to, releases the others at Commit, and keeps those at its request's branch
 // point until the request ends (giving them back first when memory is short).
-class WindowGroup : public TokenGroup {
+class WindowGroup final : public TokenGroup {
  public:
   using TokenGroup::TokenGroup;
 
