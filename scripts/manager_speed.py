@@ -91,7 +91,8 @@ def main() -> None:
         f"trace (`hkv trace gen --requests {args.requests} --seed {args.seed} --session-gap "
         f"{args.gap}`), {args.gib} GiB, every config of `../shared/vllm_reference/` (vLLM's "
         "unmodified KV cache manager under its scheduler loop) and `hkv simulate --allocator "
-        "hybridkv` on the bundled model of the same name, one after the other in one run.", "",
+        "hybridkv` on the bundled model of the same name, one after the other in one run "
+        f"(hkv: `{os.path.relpath(args.hkv, ROOT)}`).", "",
         "vLLM µs/step: time inside its KV cache manager calls per step (block hashing apart, in "
         "the next column). hybridkv µs/step: time inside every manager call of a step, block "
         "hashing included. Ratio: vLLM's manager time (without its hashing) over hybridkv's "
