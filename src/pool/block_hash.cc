@@ -41,6 +41,7 @@ class Digest {
     U64(h.hi);
   }
   void Bytes(const void* data, size_t size) {
+    if (size == 0) return;  // an empty span may carry a null pointer, which memcpy must not see
     if (used_ + size > sizeof(buf_)) Spill();
     if (size > sizeof(buf_)) {
       XXH3_128bits_update(&state_, data, size);
