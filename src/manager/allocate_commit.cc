@@ -149,6 +149,12 @@ Status KvCacheManager::Impl::Allocate(Request& r, int64_t num_new, const PrefixH
     positions.clear();
   }
   s.snapshots = positions;
+  if (r.started && std::all_of(groups.begin(), groups.end(),
+                               [&](const auto& g) { return g->StepIsFree(r, s); })) {
+    r.copies.clear();
+    OpenStep(r, s);
+    return Status::Ok();
+  }
   const int64_t window_branch = r.started ? r.window_branch : WindowBranchOf(r, hit.tokens);
   HKV_RETURN_IF_ERROR(PlanAllocation(r, s));
   Status fits = FitAllocation(r, s);
@@ -180,13 +186,17 @@ Status KvCacheManager::Impl::Allocate(Request& r, int64_t num_new, const PrefixH
   if (!r.started) r.own_from = begin;
   // A started request keeps its own (a give-back above may have cleared it).
   if (!r.started) r.window_branch = window_branch;
-  r.started = true;
   r.divergence = divergence;
+  OpenStep(r, s);
+  return Status::Ok();
+}
+
+void KvCacheManager::Impl::OpenStep(Request& r, const StepPlan& s) {
+  r.started = true;
   r.step_open = true;
-  r.step_begin = begin;
+  r.step_begin = s.begin;
   r.step_end = s.end;
   r.reserved = s.reserve;
-  return Status::Ok();
 }
 
 bool KvCacheManager::Impl::GiveBackBranchWindows(size_t& from_slot) {

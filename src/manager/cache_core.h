@@ -24,6 +24,10 @@ namespace hkv::manager_internal {
 // with corrupted reference counts.
 void Must(const Status& s);
 
+// How many keys ahead a loop of prefix-index lookups prefetches (PrefixIndex::Prefetch): enough
+// to overlap the round trips to memory of a table larger than the caches.
+constexpr int64_t kFindAhead = 8;
+
 inline int64_t CeilDiv(int64_t a, int64_t b) {
   return (a + b - 1) / b;
 }

@@ -24,6 +24,9 @@ bool GroupManager::BranchReach(const Request&, int64_t, int64_t, int64_t&, bool&
   return false;
 }
 
+bool GroupManager::StepIsFree(const Request&, const StepPlan&) const {
+  return false;
+}
 void GroupManager::PlaceLoad(Request&, int64_t, int32_t) {}
 void GroupManager::EndPreviousStep(Request&) {}
 

@@ -106,6 +106,10 @@ class GroupManager {
                            bool& held) const;
 
   // ---- Allocate: plan (no mutation) then apply.
+  // Whether a started request's step s needs nothing of this group: PlanStep would count no
+  // block and ApplyStep would change nothing. When every group says so (most decode steps),
+  // Allocate skips planning. False unless a kind can tell cheaply.
+  virtual bool StepIsFree(const Request& r, const StepPlan& s) const;
   // Adds what the group must allocate to `need` and its hit blocks to `hp`.
   virtual Status PlanStep(const Request& r, const StepPlan& s, HitPlan& hp,
                           int64_t& need) const = 0;

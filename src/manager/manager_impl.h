@@ -62,6 +62,8 @@ struct KvCacheManager::Impl {
   Status FitAllocation(const Request& r, const manager_internal::StepPlan& s);
   void ApplyFirstStep(Request& r, const manager_internal::StepPlan& s);
   void ApplyStep(Request& r, const manager_internal::StepPlan& s);
+  // Marks the planned step [s.begin, s.end) open, reserved to s.reserve.
+  void OpenStep(Request& r, const manager_internal::StepPlan& s);
   // Releases the window/chunk blocks the next request from slot `from_slot` on (without an open
   // step) keeps for its branch point (and clears its branch point), appending what it did to
   // given_back; advances from_slot past it; false when no request after from_slot keeps any.

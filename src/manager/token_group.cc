@@ -18,6 +18,18 @@ int32_t TokenGroup::CountLoads(const Request& r, int64_t tokens) const {
   return loads;
 }
 
+bool TokenGroup::StepIsFree(const Request& r, const StepPlan& s) const {
+  if (!s.started) return false;
+  const TokenSlot& ts = slot_at(r.slot);
+  const int64_t bs = block_tokens();
+  if (CeilDiv(s.reserve - ts.evicted, bs) > static_cast<int64_t>(ts.table.size())) return false;
+  if ((s.begin - ts.evicted) % bs == 0) return true;
+  // The step writes into the block it started in: free only when no copy-on-write is due.
+  const BlockPool& bp = block_pool();
+  const int32_t b = ts.table[static_cast<size_t>((s.begin - ts.evicted) / bs)];
+  return bp.ref_count(b) <= 1 && !bp.has_identity(b);
+}
+
 Status TokenGroup::PlanStep(const Request& r, const StepPlan& s, HitPlan& hp, int64_t& need) const {
   const BlockPool& bp = block_pool();
   const TokenSlot& ts = slot_at(r.slot);

@@ -26,9 +26,14 @@ struct TokenSlot {
   int64_t evicted = 0;
   // Entries before this are as the engine last took them (TakeDelta).
   int32_t dirty_from = 0;
+  // Window/chunk: the block each entry held when it left, so that Free finds a released block
+  // still cached without probing the prefix index. A hint: used only while the block still
+  // carries the entry's identity, when the index would answer the same block.
+  std::vector<int32_t> left;
 
   void Clear() {
     table.clear();
+    left.clear();
     num_published = 0;
     release_from = 0;
     evicted = 0;
@@ -47,6 +52,7 @@ class TokenGroup : public GroupManager {
   void AddSlot() override { slots_.emplace_back(); }
   void ClearSlot(int32_t slot) override { slot_at(slot).Clear(); }
   int32_t CountLoads(const Request& r, int64_t tokens) const override;
+  bool StepIsFree(const Request& r, const StepPlan& s) const override;
   Status PlanStep(const Request& r, const StepPlan& s, HitPlan& hp, int64_t& need) const override;
   void ApplyHit(Request& r, const StepPlan& s, HitPlan& hp) override;
   void PlaceLoad(Request& r, int64_t index, int32_t block) override;
@@ -138,6 +144,10 @@ class WindowGroup final : public TokenGroup {
   void CollectForRelease(Request& r, std::vector<std::pair<int64_t, int32_t>>& out) override;
   void GiveBackBranch(Request& q, std::vector<GivenBack>& out) override;
   void RestoreGivenBack(const GivenBack& g) override;
+
+ private:
+  // Entry j leaves the table (its block was released): null it, and remember the block.
+  static void Leave(TokenSlot& ts, size_t j);
 };
 
 }  // namespace hkv::manager_internal

@@ -46,6 +46,12 @@ int64_t WindowGroup::TruncateBound(const Request& r, int64_t x, int64_t new_know
       });
 }
 
+void WindowGroup::Leave(TokenSlot& ts, size_t j) {
+  if (ts.left.size() < ts.table.size()) ts.left.resize(ts.table.size(), BlockPool::kNullBlock);
+  ts.left[j] = ts.table[j];
+  ts.table[j] = BlockPool::kNullBlock;
+}
+
 void WindowGroup::Commit(Request& r, int64_t c, int64_t publish_limit) {
   TokenGroup::Commit(r, c, publish_limit);
   TokenSlot& ts = slot_at(r.slot);
@@ -62,7 +68,7 @@ void WindowGroup::Commit(Request& r, int64_t c, int64_t publish_limit) {
     int32_t& b = ts.table[static_cast<size_t>(j)];
     if (b == BlockPool::kNullBlock || (j >= branch.lo && j < branch.hi)) continue;
     to_release.push_back(b);
-    b = BlockPool::kNullBlock;
+    Leave(ts, static_cast<size_t>(j));
   }
   ts.release_from = std::max<int32_t>(ts.release_from, static_cast<int32_t>(nb.lo));
   std::reverse(to_release.begin(), to_release.end());
@@ -72,12 +78,25 @@ void WindowGroup::Commit(Request& r, int64_t c, int64_t publish_limit) {
 void WindowGroup::CollectForRelease(Request& r, std::vector<std::pair<int64_t, int32_t>>& out) {
   TokenSlot& ts = slot_at(r.slot);
   BlockPool& bp = block_pool();
+  const size_t published = std::min(ts.table.size(), static_cast<size_t>(ts.num_published));
+  const auto prefetch = [&](size_t j) {
+    if (j < published && ts.table[j] == BlockPool::kNullBlock)
+      bp.PrefetchFind(Key(r, static_cast<int64_t>(j)));
+  };
+  for (size_t j = 0; j < static_cast<size_t>(kFindAhead); ++j)
+    prefetch(j);
   for (size_t j = 0; j < ts.table.size(); ++j) {
+    prefetch(j + static_cast<size_t>(kFindAhead));
     int32_t b = ts.table[j];
-    if (b == BlockPool::kNullBlock && j < static_cast<size_t>(ts.num_published)) {
+    if (b == BlockPool::kNullBlock && j < published) {
       // Released when it left the window; if it is still cached and nobody holds it, it
       // rejoins the eviction order at its position, next to the other groups' blocks.
-      const int32_t cached = bp.Find(Key(r, static_cast<int64_t>(j)));
+      const PrefixKey key = Key(r, static_cast<int64_t>(j));
+      const int32_t hint = j < ts.left.size() ? ts.left[j] : BlockPool::kNullBlock;
+      const int32_t cached =
+          hint > BlockPool::kNullBlock && bp.has_identity(hint) && bp.identity(hint) == key
+              ? hint
+              : bp.Find(key);
       if (cached <= BlockPool::kNullBlock || bp.ref_count(cached) != 0) continue;
       core_.AcquireHeld(pool(), cached);
       b = cached;
@@ -102,7 +121,7 @@ void WindowGroup::GiveBackBranch(Request& q, std::vector<GivenBack>& out) {
     if (b == BlockPool::kNullBlock) continue;
     out.push_back({static_cast<size_t>(q.slot), group_, static_cast<size_t>(j), b});
     core_.ReleaseOne(pool(), b, q.retention);
-    b = BlockPool::kNullBlock;
+    Leave(ts, static_cast<size_t>(j));
   }
 }
 

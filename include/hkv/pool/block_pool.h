@@ -59,6 +59,8 @@ class BlockPool {
   Status Allocate(int32_t n, std::vector<int32_t>& out);
   // The block holding `key`, held or free, or -1.
   int32_t Find(const PrefixKey& key) const { return index_.Find(key); }
+  // A hint that Find(key) comes soon (PrefixIndex::Prefetch).
+  void PrefetchFind(const PrefixKey& key) const { index_.Prefetch(key); }
   // One more reference to a held block, or takes a free block that still has its identity (a
   // prefix hit) off the free list.
   Status Acquire(int32_t block);
