@@ -138,6 +138,7 @@ class WindowGroup final : public TokenGroup {
   using TokenGroup::TokenGroup;
 
   NeededBlocks Needed(int64_t x) const override;
+  void BeginSearch() override { found_ = -1; }
   int64_t LookupBound(const Request& r, int64_t x, int64_t cap) override;
   int64_t TruncateBound(const Request& r, int64_t x, int64_t new_known) const override;
   void Commit(Request& r, int64_t computed, int64_t publish_limit) override;
@@ -148,6 +149,10 @@ class WindowGroup final : public TokenGroup {
  private:
   // Entry j leaves the table (its block was released): null it, and remember the block.
   static void Leave(TokenSlot& ts, size_t j);
+
+  // The last bound this search found: the fixed point asks again at the bound the other groups
+  // agreed on, which is often this one, and its blocks need not be looked up twice.
+  int64_t found_ = -1;
 };
 
 }  // namespace hkv::manager_internal

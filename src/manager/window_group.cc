@@ -23,10 +23,11 @@ NeededBlocks WindowGroup::Needed(int64_t x) const {
 }
 
 int64_t WindowGroup::LookupBound(const Request& r, int64_t x, int64_t) {
+  if (x == found_) return x;
   const BlockPool& bp = block_pool();
-  return ScanDown(
-      block_tokens(), x, core_.align, [&](int64_t at) { return Needed(at); },
-      [&](int64_t j) { return core_.Available(bp, Key(r, j)); });
+  return found_ = ScanDown(
+             block_tokens(), x, core_.align, [&](int64_t at) { return Needed(at); },
+             [&](int64_t j) { return core_.Available(bp, Key(r, j)); });
 }
 
 int64_t WindowGroup::TruncateBound(const Request& r, int64_t x, int64_t new_known) const {
