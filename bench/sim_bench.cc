@@ -45,10 +45,10 @@ void BM_ReplayStep(benchmark::State& state) {
     state.SkipWithError(model.status().ToString().c_str());
     return;
   }
-  AllocatorOptions ao;
+  PlanOptions ao;
   ao.memory_bytes = int64_t{400} << 30;
   ao.max_model_len = 2048;
-  ao.planning_tokens = 768;
+  ao.seq_tokens = 768;
   auto allocator = MakeAllocator(*model, mode, ao);
   if (!allocator.ok()) {
     state.SkipWithError(allocator.status().ToString().c_str());

@@ -188,11 +188,11 @@ void BindAllocator(py::module_& m) {
          int32_t block_tokens, int64_t max_model_len, int64_t planning_tokens,
          int64_t encoder_tokens) {
         const AllocatorMode parsed = Value(ParseAllocatorMode(mode));
-        AllocatorOptions o;
+        PlanOptions o;
         o.memory_bytes = ToBytes(memory, "memory");
         o.block_tokens = block_tokens;
         o.max_model_len = max_model_len;
-        o.planning_tokens = planning_tokens;
+        o.seq_tokens = planning_tokens;
         o.encoder_tokens = encoder_tokens;
         py::gil_scoped_release release;
         return Value(MakeAllocator(model, parsed, o));

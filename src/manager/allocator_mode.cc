@@ -22,7 +22,7 @@ Result<int32_t> PoolBlocks(int64_t memory_bytes, int64_t block_bytes, std::strin
   return static_cast<int32_t>(blocks);
 }
 
-ManagerConfig BaseConfig(const ModelSpec& model, const AllocatorOptions& o) {
+ManagerConfig BaseConfig(const ModelSpec& model, const PlanOptions& o) {
   ManagerConfig c;
   c.max_model_len = o.max_model_len;
   if (model.has_cross_attention()) {
@@ -34,7 +34,7 @@ ManagerConfig BaseConfig(const ModelSpec& model, const AllocatorOptions& o) {
   return c;
 }
 
-Result<Allocator> MakeUniform(const ModelSpec& model, const AllocatorOptions& o,
+Result<Allocator> MakeUniform(const ModelSpec& model, const PlanOptions& o,
                               int64_t uniform_bytes_per_token) {
   if (uniform_bytes_per_token <= 0) {
     return Status::InvalidArgument(fmt::format(
@@ -110,7 +110,7 @@ Status FillBuckets(const ModelSpec& model, int64_t block, int64_t page,
   return Status::Ok();
 }
 
-Result<Allocator> MakePadded(const ModelSpec& model, const AllocatorOptions& o) {
+Result<Allocator> MakePadded(const ModelSpec& model, const PlanOptions& o) {
   // Attention block growth so that one attention page holds a recurrent state.
   int64_t attn_1tok = 0, state_page = 0;
   for (const LayerSpec& l : model.layers) {
@@ -275,16 +275,6 @@ double Allocator::Waste(const ModelSpec& model, int64_t tokens, int64_t encoder_
          static_cast<double>(bytes);
 }
 
-AllocatorOptions AllocatorOptions::From(const PlanOptions& plan) {
-  AllocatorOptions o;
-  o.memory_bytes = plan.memory_bytes;
-  o.block_tokens = plan.block_tokens;
-  o.max_model_len = plan.max_model_len;
-  o.planning_tokens = plan.seq_tokens;
-  o.encoder_tokens = plan.encoder_tokens;
-  return o;
-}
-
 std::string_view AllocatorModeName(AllocatorMode mode) {
   switch (mode) {
     case AllocatorMode::kUniform:
@@ -308,22 +298,32 @@ Result<AllocatorMode> ParseAllocatorMode(std::string_view text) {
 namespace {
 
 Result<Allocator> MakeAllocatorUnchecked(const ModelSpec& model, AllocatorMode mode,
-                                         const AllocatorOptions& o);
+                                         const PlanOptions& o);
 
 }  // namespace
 
 Result<Allocator> MakeAllocator(const ModelSpec& model, AllocatorMode mode,
-                                const AllocatorOptions& o) {
+                                const PlanOptions& options) {
+  PlanOptions o = options;
+  if (o.max_model_len == 0) {
+    if (model.max_position_embeddings <= 0) {
+      return Status::InvalidArgument(
+          fmt::format("allocator: max_model_len is 0 and {} gives no max_position_embeddings: "
+                      "pass max_model_len",
+                      model.source));
+    }
+    o.max_model_len = model.max_position_embeddings;
+  }
   const auto at_least_one = [](std::string_view what, int64_t v) {
     return Status::InvalidArgument(fmt::format("allocator: {} {}: expected at least 1", what, v));
   };
   if (o.block_tokens < 1) return at_least_one("block_tokens", o.block_tokens);
   if (o.memory_bytes < 1) return at_least_one("memory", o.memory_bytes);
   if (o.max_model_len < 1) return at_least_one("max_model_len", o.max_model_len);
-  if (o.planning_tokens < 0 || o.planning_tokens > o.max_model_len) {
-    return Status::InvalidArgument(
-        fmt::format("allocator: planning_tokens {}: expected 0 to max_model_len ({})",
-                    o.planning_tokens, o.max_model_len));
+  if (o.seq_tokens < 0 || o.seq_tokens > o.max_model_len) {
+    return Status::InvalidArgument(fmt::format(
+        "allocator: seq_tokens {}: expected 0 to max_model_len ({})", o.seq_tokens,
+        o.max_model_len));
   }
   HKV_ASSIGN_OR_RETURN(Allocator a, MakeAllocatorUnchecked(model, mode, o));
   int64_t blocks = 0;
@@ -341,7 +341,7 @@ Result<Allocator> MakeAllocator(const ModelSpec& model, AllocatorMode mode,
 namespace {
 
 Result<Allocator> MakeAllocatorUnchecked(const ModelSpec& model, AllocatorMode mode,
-                                         const AllocatorOptions& o) {
+                                         const PlanOptions& o) {
   HKV_RETURN_IF_ERROR(model.Validate());
   if (o.encoder_tokens < -1) {
     return Status::InvalidArgument(
@@ -360,13 +360,7 @@ Result<Allocator> MakeAllocatorUnchecked(const ModelSpec& model, AllocatorMode m
     case AllocatorMode::kPadded:
       return MakePadded(model, o);
     case AllocatorMode::kHybridKV: {
-      PlanOptions po;
-      po.memory_bytes = o.memory_bytes;
-      po.block_tokens = o.block_tokens;
-      po.max_model_len = o.max_model_len;
-      po.seq_tokens = o.planning_tokens;
-      po.encoder_tokens = o.encoder_tokens;
-      Result<Plan> plan = MakePlan(model, po);
+      Result<Plan> plan = MakePlan(model, o);
       if (!plan.ok()) {
         return Status(plan.status().code(), fmt::format("hybridkv: {}", plan.status().message()));
       }

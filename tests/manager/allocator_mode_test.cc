@@ -19,7 +19,14 @@ ModelSpec Load(const std::string& name) {
   return *m;
 }
 
-Allocator Make(const ModelSpec& m, AllocatorMode mode, AllocatorOptions o = {}) {
+// The options these tests were written for: a 16 GiB budget, 16-token blocks, 16384 tokens.
+PlanOptions Options() {
+  PlanOptions o;
+  o.max_model_len = 16384;
+  return o;
+}
+
+Allocator Make(const ModelSpec& m, AllocatorMode mode, PlanOptions o = Options()) {
   auto a = MakeAllocator(m, mode, o);
   EXPECT_TRUE(a.ok()) << a.status().ToString();
   return a.ok() ? *a : Allocator{};
@@ -181,7 +188,7 @@ TEST(AllocatorMode, UniformGivesEncoderTokensASlotInEveryLayer) {
   const Allocator p = Make(m, AllocatorMode::kPadded);
   EXPECT_EQ(p.config.max_encoder_tokens, 6404);
   EXPECT_TRUE(p.config.Validate().ok());
-  AllocatorOptions o;
+  PlanOptions o = Options();
   o.encoder_tokens = 100;
   EXPECT_EQ(Make(m, AllocatorMode::kUniform, o).config.max_encoder_tokens, 100);
   o.encoder_tokens = -2;
@@ -210,14 +217,9 @@ TEST(AllocatorMode, HybridKVFiguresEqualThePlansFootprint) {
         "meta-llama--Llama-3.2-11B-Vision", "meta-llama--Llama-4-Scout-17B-16E-Instruct",
         "mistralai--Ministral-8B-Instruct-2410", "openai--gpt-oss-20b"}) {
     const ModelSpec m = Load(name);
-    AllocatorOptions o;
-    o.planning_tokens = 4096;
-    PlanOptions po;
-    po.memory_bytes = o.memory_bytes;
-    po.block_tokens = o.block_tokens;
-    po.max_model_len = o.max_model_len;
-    po.seq_tokens = o.planning_tokens;
-    auto plan = MakePlan(m, po);
+    PlanOptions o = Options();
+    o.seq_tokens = 4096;
+    auto plan = MakePlan(m, o);
     ASSERT_TRUE(plan.ok()) << name << ": " << plan.status().ToString();
     const Allocator h = Make(m, AllocatorMode::kHybridKV, o);
     const Allocator u = Make(m, AllocatorMode::kUniform, o);
@@ -294,30 +296,30 @@ TEST(AllocatorMode, ASequenceNeedingNoBlockIsUnbounded) {
 
 TEST(AllocatorMode, RefusalsNameTheProblem) {
   const ModelSpec m = Load("ibm-ai-platform--Bamba-9B");
-  AllocatorOptions o;
+  PlanOptions o = Options();
   o.memory_bytes = 8 << 20;  // not two 6.19 MiB padded blocks
   auto a = MakeAllocator(m, AllocatorMode::kPadded, o);
   ASSERT_FALSE(a.ok());
   EXPECT_NE(a.status().message().find("padded"), std::string::npos) << a.status().ToString();
-  o = {};
+  o = Options();
   o.max_model_len = 512;  // below the 528-token padded block
   a = MakeAllocator(m, AllocatorMode::kPadded, o);
   ASSERT_FALSE(a.ok());
   EXPECT_NE(a.status().message().find("528"), std::string::npos) << a.status().ToString();
-  o = {};
+  o = Options();
   o.block_tokens = 0;
   a = MakeAllocator(m, AllocatorMode::kHybridKV, o);
   ASSERT_FALSE(a.ok());
   EXPECT_EQ(a.status().message(), "allocator: block_tokens 0: expected at least 1");
-  o = {};
-  o.planning_tokens = o.max_model_len + 1;
+  o = Options();
+  o.seq_tokens = o.max_model_len + 1;
   a = MakeAllocator(m, AllocatorMode::kHybridKV, o);
   ASSERT_FALSE(a.ok());
-  EXPECT_NE(a.status().message().find("planning_tokens 16385: expected 0 to max_model_len"),
+  EXPECT_NE(a.status().message().find("seq_tokens 16385: expected 0 to max_model_len"),
             std::string::npos)
       << a.status().message();
   // Memory whose block metadata would not fit in memory is refused in every mode.
-  o = {};
+  o = Options();
   o.memory_bytes = int64_t{100} << 40;
   for (AllocatorMode mode : kAllAllocatorModes) {
     a = MakeAllocator(m, mode, o);

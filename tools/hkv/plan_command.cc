@@ -81,12 +81,11 @@ Result<std::vector<AllocatorReport>> CompareAllocators(const Plan& plan,
     }
   }
   if (lengths.empty()) lengths = {o.seq_tokens};
-  const AllocatorOptions ao = AllocatorOptions::From(o);
   std::vector<AllocatorReport> reports;
   for (AllocatorMode mode : modes) {
     AllocatorReport& r = reports.emplace_back();
     r.mode = mode;
-    Result<Allocator> a = MakeAllocator(plan.model, mode, ao);
+    Result<Allocator> a = MakeAllocator(plan.model, mode, o);
     if (!a.ok()) {
       r.error = a.status().message();
       continue;

@@ -37,7 +37,7 @@ struct Inputs {
   ModelSpec model;
   Trace trace;
   std::string trace_name;
-  AllocatorOptions alloc;
+  PlanOptions alloc;  // for MakeAllocator
   vllm::KvCacheOptions vllm;
   ReplayOptions replay;
   bool with_vllm = false;
@@ -90,7 +90,7 @@ Result<Inputs> Prepare(const SimulateArgs& args) {
   int64_t tokens = 0;
   for (const TraceRequest& r : in.trace)
     tokens += static_cast<int64_t>(r.prompt.size()) + r.output_len;
-  in.alloc.planning_tokens = std::clamp<int64_t>(tokens / static_cast<int64_t>(in.trace.size()), 1,
+  in.alloc.seq_tokens = std::clamp<int64_t>(tokens / static_cast<int64_t>(in.trace.size()), 1,
                                                  std::max<int64_t>(args.max_model_len, 1));
   return in;
 }

@@ -17,9 +17,9 @@
 //   (the smallest bucket's, or the largest's when it is under 1.5x the smallest), strided, the
 //   last one padded; one pool whose block is one page of every layer slot of a group. Recurrent
 //   hits fall only on the enlarged block boundaries.
-// - kHybridKV — hybridkv's planner (MakePlan, PageStrategy::kAuto): groups by token rule, one
+// - kHybridKV — hybridkv's planner (MakePlan, with the options' strategy): groups by token rule, one
 //   state group for all recurrent layers, attention blocks of `block_tokens`, one pool per page
-//   class, split at the planning point `planning_tokens`.
+//   class, split at the planning point `seq_tokens`.
 // Every mode keeps prefix caching on and uses the manager's rules (all-or-nothing allocation,
 // tail-first eviction); only pages, groups and pools differ.
 //
@@ -36,6 +36,7 @@
 
 #include <hkv/common/result.h>
 #include <hkv/manager/manager_config.h>
+#include <hkv/plan/plan_options.h>
 #include <hkv/spec/model_spec.h>
 
 namespace hkv {
@@ -47,19 +48,6 @@ inline constexpr AllocatorMode kAllAllocatorModes[] = {
 
 std::string_view AllocatorModeName(AllocatorMode mode);  // "uniform", "padded", "hybridkv"
 Result<AllocatorMode> ParseAllocatorMode(std::string_view text);
-
-struct AllocatorOptions {
-  int64_t memory_bytes = int64_t{16} << 30;
-  int32_t block_tokens = 16;
-  int64_t max_model_len = 16384;
-  int64_t planning_tokens = 0;  // hybridkv's pool split point; 0: max_model_len
-  // Encoder tokens of that planning point; -1: the model's largest encoder input (0 without
-  // cross attention). Also bounds the encoder tokens a request may bring (max_encoder_tokens).
-  int64_t encoder_tokens = -1;
-
-  // The same budget, block, length, planning point and encoder tokens as a plan's options.
-  static AllocatorOptions From(const PlanOptions& plan);
-};
 
 struct Allocator {
   AllocatorMode mode = AllocatorMode::kHybridKV;
@@ -88,7 +76,10 @@ struct Allocator {
 // metadata and prefix index (about 100 bytes a block) stay under 2 GiB.
 inline constexpr int64_t kMaxAllocatorBlocks = int64_t{1} << 24;
 
+// `options` are a plan's: memory_bytes, block_tokens, max_model_len (0: the model's
+// max_position_embeddings), the planning point seq_tokens (0: max_model_len) and encoder_tokens
+// (-1: the model's largest encoder input); layout and strategy shape kHybridKV's plan only.
 Result<Allocator> MakeAllocator(const ModelSpec& model, AllocatorMode mode,
-                                const AllocatorOptions& options);
+                                const PlanOptions& options);
 
 }  // namespace hkv
