@@ -1,6 +1,10 @@
 // KvEventPublisher: batches over a ZeroMQ XPUB socket, and a replay ROUTER served by a thread.
+#include <atomic>
 #include <chrono>
 #include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
 
 #include <fmt/format.h>
 #include <zmq.h>
@@ -42,6 +46,26 @@ bool SendParts(void* socket, std::initializer_list<std::pair<const void*, size_t
 
 }  // namespace
 
+struct KvEventPublisher::State {
+  ~State();
+  void ServeReplay();
+
+  KvEventPublisherOptions options;
+  std::vector<KvEventGroup> groups;
+  void* context = nullptr;
+  void* pub = nullptr;
+  void* replay = nullptr;
+  std::string endpoint, replay_endpoint;
+  bool subscribed = false;
+  mutable std::mutex mu;  // guards buffer and sequence (the replay thread reads them)
+  std::deque<std::pair<int64_t, std::vector<unsigned char>>> buffer;
+  int64_t sequence = 0;
+  std::atomic<bool> stop{false};
+  std::thread replay_thread;
+};
+
+KvEventPublisher::KvEventPublisher(std::unique_ptr<State> state) : state_(std::move(state)) {}
+
 Result<std::unique_ptr<KvEventPublisher>> KvEventPublisher::Bind(
     const KvEventPublisherOptions& options, std::vector<KvEventGroup> groups) {
   if (options.endpoint.empty()) {
@@ -50,98 +74,110 @@ Result<std::unique_ptr<KvEventPublisher>> KvEventPublisher::Bind(
   if (options.topic.empty()) {
     return Status::InvalidArgument("kv events: the topic is empty: expected a name");
   }
-  std::unique_ptr<KvEventPublisher> p(new KvEventPublisher());
-  p->options_ = options;
-  p->groups_ = std::move(groups);
-  p->context_ = zmq_ctx_new();
-  p->pub_ = zmq_socket(p->context_, ZMQ_XPUB);
+  auto p = std::make_unique<State>();
+  p->options = options;
+  p->groups = std::move(groups);
+  p->context = zmq_ctx_new();
+  p->pub = zmq_socket(p->context, ZMQ_XPUB);
   const int linger = 0;
-  zmq_setsockopt(p->pub_, ZMQ_LINGER, &linger, sizeof(linger));
-  if (zmq_bind(p->pub_, options.endpoint.c_str()) != 0) {
+  zmq_setsockopt(p->pub, ZMQ_LINGER, &linger, sizeof(linger));
+  if (zmq_bind(p->pub, options.endpoint.c_str()) != 0) {
     return Status::IoError(fmt::format("kv events: cannot bind the publisher to {}: {}",
                                        options.endpoint, zmq_strerror(zmq_errno())));
   }
-  p->endpoint_ = LastEndpoint(p->pub_);
+  p->endpoint = LastEndpoint(p->pub);
   if (!options.replay_endpoint.empty()) {
-    p->replay_ = zmq_socket(p->context_, ZMQ_ROUTER);
-    zmq_setsockopt(p->replay_, ZMQ_LINGER, &linger, sizeof(linger));
-    if (zmq_bind(p->replay_, options.replay_endpoint.c_str()) != 0) {
+    p->replay = zmq_socket(p->context, ZMQ_ROUTER);
+    zmq_setsockopt(p->replay, ZMQ_LINGER, &linger, sizeof(linger));
+    if (zmq_bind(p->replay, options.replay_endpoint.c_str()) != 0) {
       return Status::IoError(fmt::format("kv events: cannot bind the replay socket to {}: {}",
                                          options.replay_endpoint, zmq_strerror(zmq_errno())));
     }
-    p->replay_endpoint_ = LastEndpoint(p->replay_);
-    p->replay_thread_ = std::thread([q = p.get()] { q->ServeReplay(); });
+    p->replay_endpoint = LastEndpoint(p->replay);
+    p->replay_thread = std::thread([q = p.get()] { q->ServeReplay(); });
   }
-  return p;
+  return std::unique_ptr<KvEventPublisher>(new KvEventPublisher(std::move(p)));
 }
 
-KvEventPublisher::~KvEventPublisher() {
-  stop_ = true;
-  if (replay_thread_.joinable()) replay_thread_.join();
-  if (replay_ != nullptr) zmq_close(replay_);
-  if (pub_ != nullptr) zmq_close(pub_);
-  if (context_ != nullptr) zmq_ctx_term(context_);
+KvEventPublisher::~KvEventPublisher() = default;
+
+KvEventPublisher::State::~State() {
+  stop = true;
+  if (replay_thread.joinable()) replay_thread.join();
+  if (replay != nullptr) zmq_close(replay);
+  if (pub != nullptr) zmq_close(pub);
+  if (context != nullptr) zmq_ctx_term(context);
+}
+
+const std::string& KvEventPublisher::endpoint() const {
+  return state_->endpoint;
+}
+
+const std::string& KvEventPublisher::replay_endpoint() const {
+  return state_->replay_endpoint;
 }
 
 bool KvEventPublisher::WaitForSubscriber(int timeout_ms) {
+  State& st = *state_;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  while (!subscribed_) {
+  while (!st.subscribed) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
                           deadline - std::chrono::steady_clock::now())
                           .count();
     if (left <= 0) return false;
-    zmq_pollitem_t item{pub_, 0, ZMQ_POLLIN, 0};
+    zmq_pollitem_t item{st.pub, 0, ZMQ_POLLIN, 0};
     if (zmq_poll(&item, 1, static_cast<long>(left)) <= 0) continue;
     unsigned char msg[256];
-    const int n = zmq_recv(pub_, msg, sizeof(msg), ZMQ_DONTWAIT);
-    if (n > 0 && msg[0] == 1) subscribed_ = true;  // 1: subscribe, 0: unsubscribe
+    const int n = zmq_recv(st.pub, msg, sizeof(msg), ZMQ_DONTWAIT);
+    if (n > 0 && msg[0] == 1) st.subscribed = true;  // 1: subscribe, 0: unsubscribe
   }
   return true;
 }
 
 int64_t KvEventPublisher::next_sequence() const {
-  std::lock_guard lock(mu_);
-  return sequence_;
+  std::lock_guard lock(state_->mu);
+  return state_->sequence;
 }
 
 Status KvEventPublisher::Publish(std::span<const ManagerEvent> events,
                                  const RequestTokens& tokens) {
   if (events.empty()) return Status::Ok();
+  State& st = *state_;
   const double ts =
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   HKV_ASSIGN_OR_RETURN(std::vector<unsigned char> payload,
-                       EncodeKvEventBatch(events, groups_, tokens, options_.encoding, ts));
+                       EncodeKvEventBatch(events, st.groups, tokens, st.options.encoding, ts));
   // Subscription messages queue on an XPUB socket: read them so they never pile up.
   unsigned char sub[256];
-  while (zmq_recv(pub_, sub, sizeof(sub), ZMQ_DONTWAIT) > 0) {
-    if (sub[0] == 1) subscribed_ = true;
+  while (zmq_recv(st.pub, sub, sizeof(sub), ZMQ_DONTWAIT) > 0) {
+    if (sub[0] == 1) st.subscribed = true;
   }
   int64_t seq = 0;
   {
-    std::lock_guard lock(mu_);
-    seq = sequence_++;
+    std::lock_guard lock(st.mu);
+    seq = st.sequence++;
   }
   unsigned char seq_bytes[8];
   BigEndian(seq, seq_bytes);
-  const bool sent = SendParts(pub_, {{options_.topic.data(), options_.topic.size()},
+  const bool sent = SendParts(st.pub, {{st.options.topic.data(), st.options.topic.size()},
                                      {seq_bytes, 8},
                                      {payload.data(), payload.size()}});
-  if (replay_ != nullptr) {
-    std::lock_guard lock(mu_);
-    buffer_.emplace_back(seq, std::move(payload));
-    while (buffer_.size() > options_.replay_buffer)
-      buffer_.pop_front();
+  if (st.replay != nullptr) {
+    std::lock_guard lock(st.mu);
+    st.buffer.emplace_back(seq, std::move(payload));
+    while (st.buffer.size() > st.options.replay_buffer)
+      st.buffer.pop_front();
   }
   if (!sent) {
     return Status::IoError(fmt::format("kv events: sending batch {} on {} failed: {}", seq,
-                                       endpoint_, zmq_strerror(zmq_errno())));
+                                       st.endpoint, zmq_strerror(zmq_errno())));
   }
   return Status::Ok();
 }
 
-void KvEventPublisher::ServeReplay() {
-  while (!stop_) {
-    zmq_pollitem_t item{replay_, 0, ZMQ_POLLIN, 0};
+void KvEventPublisher::State::ServeReplay() {
+  while (!stop) {
+    zmq_pollitem_t item{replay, 0, ZMQ_POLLIN, 0};
     if (zmq_poll(&item, 1, 50) <= 0) continue;
     // [identity, (empty delimiter from a REQ peer,) 8-byte start sequence]
     std::vector<std::vector<unsigned char>> parts;
@@ -149,14 +185,14 @@ void KvEventPublisher::ServeReplay() {
     while (more != 0) {
       zmq_msg_t m;
       zmq_msg_init(&m);
-      if (zmq_msg_recv(&m, replay_, 0) < 0) {
+      if (zmq_msg_recv(&m, replay, 0) < 0) {
         zmq_msg_close(&m);
         break;
       }
       const auto* d = static_cast<const unsigned char*>(zmq_msg_data(&m));
       parts.emplace_back(d, d + zmq_msg_size(&m));
       size_t len = sizeof(more);
-      zmq_getsockopt(replay_, ZMQ_RCVMORE, &more, &len);
+      zmq_getsockopt(replay, ZMQ_RCVMORE, &more, &len);
       zmq_msg_close(&m);
     }
     if (parts.size() < 2 || parts.back().size() != 8) continue;  // not a replay request
@@ -164,8 +200,8 @@ void KvEventPublisher::ServeReplay() {
     const std::vector<unsigned char>& id = parts.front();
     std::vector<std::pair<int64_t, std::vector<unsigned char>>> batches;
     {
-      std::lock_guard lock(mu_);
-      for (const auto& b : buffer_) {
+      std::lock_guard lock(mu);
+      for (const auto& b : buffer) {
         if (b.first >= from) batches.push_back(b);
       }
     }
@@ -173,11 +209,11 @@ void KvEventPublisher::ServeReplay() {
     for (const auto& [seq, payload] : batches) {
       BigEndian(seq, seq_bytes);
       SendParts(
-          replay_,
+          replay,
           {{id.data(), id.size()}, {"", 0}, {seq_bytes, 8}, {payload.data(), payload.size()}});
     }
     BigEndian(-1, seq_bytes);
-    SendParts(replay_, {{id.data(), id.size()}, {"", 0}, {seq_bytes, 8}, {"", 0}});
+    SendParts(replay, {{id.data(), id.size()}, {"", 0}, {seq_bytes, 8}, {"", 0}});
   }
 }
 

@@ -25,16 +25,12 @@
 //   [sequence, payload], then [-1, empty]. The newest `replay_buffer` batches are kept.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <hkv/common/result.h>
@@ -92,25 +88,13 @@ class KvEventPublisher {
   bool WaitForSubscriber(int timeout_ms);
 
   int64_t next_sequence() const;
-  const std::string& endpoint() const { return endpoint_; }  // as bound (real port)
-  const std::string& replay_endpoint() const { return replay_endpoint_; }
+  const std::string& endpoint() const;  // as bound (real port)
+  const std::string& replay_endpoint() const;
 
  private:
-  KvEventPublisher() = default;
-  void ServeReplay();
-
-  KvEventPublisherOptions options_;
-  std::vector<KvEventGroup> groups_;
-  void* context_ = nullptr;
-  void* pub_ = nullptr;
-  void* replay_ = nullptr;
-  std::string endpoint_, replay_endpoint_;
-  bool subscribed_ = false;
-  mutable std::mutex mu_;  // guards buffer_ and sequence_ (the replay thread reads them)
-  std::deque<std::pair<int64_t, std::vector<unsigned char>>> buffer_;
-  int64_t sequence_ = 0;
-  std::atomic<bool> stop_{false};
-  std::thread replay_thread_;
+  struct State;  // sockets, the replay buffer and its thread (kv_event_publisher.cc)
+  explicit KvEventPublisher(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
 };
 
 }  // namespace hkv
