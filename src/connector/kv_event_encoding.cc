@@ -133,6 +133,13 @@ void PackStored(Packer& pk, std::span<const ManagerEvent> events, const Run& run
 
 }  // namespace
 
+RequestTokens TokensOf(const KvCacheManager& manager) {
+  return [&manager](RequestId id) {
+    const Result<std::span<const int32_t>> t = manager.Tokens(id);
+    return t.ok() ? *t : std::span<const int32_t>{};
+  };
+}
+
 std::vector<KvEventGroup> KvEventGroupsOf(const Plan& plan) {
   std::vector<KvEventGroup> out;
   for (const KvGroup& g : plan.groups) {

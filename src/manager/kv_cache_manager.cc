@@ -488,6 +488,12 @@ Result<int64_t> KvCacheManager::NumTokens(RequestId id) const {
   return r->known();
 }
 
+Result<std::span<const int32_t>> KvCacheManager::Tokens(RequestId id) const {
+  const Request* r = impl_->Find(id);
+  if (r == nullptr) return impl_->Unknown("tokens", id);
+  return std::span<const int32_t>(r->tokens);
+}
+
 Result<int64_t> KvCacheManager::NumComputed(RequestId id) const {
   const Request* r = impl_->Find(id);
   if (r == nullptr) return impl_->Unknown("num computed", id);

@@ -55,6 +55,10 @@ TEST(KvEventTest, ABatchIsVllmsLayoutWithTheBlocksTokensAndGroups) {
   enc.data_parallel_rank = 3;
   const std::vector<unsigned char> payload =
       EncodeKvEventBatch(events, kGroups, tokens, enc, 1234.5).value();
+  // The manager knows the tokens itself: its record encodes the same batch.
+  EXPECT_EQ(EncodeKvEventBatch(events, kGroups, TokensOf(m), enc, 1234.5).value(), payload);
+  EXPECT_EQ(m.Tokens(42).value().size(), prompt.size());
+  EXPECT_EQ(m.Tokens(7).status().code(), StatusCode::kNotFound);
   const msgpack::object_handle h =
       msgpack::unpack(reinterpret_cast<const char*>(payload.data()), payload.size());
   const msgpack::object& batch = h.get();

@@ -17,7 +17,7 @@
 //   BlockStored; consecutive removals of one group one BlockRemoved. token_ids of a KV group are
 //   the tokens the blocks hold (block_size = the group's block tokens); a recurrent checkpoint
 //   stands for its whole prefix, so token_ids are tokens [0, position) and block_size = position.
-//   Tokens come from the caller (RequestTokens); when unknown they are an empty list.
+//   Tokens come from a RequestTokens (the manager's: TokensOf); when unknown, an empty list.
 // - The publisher binds a ZeroMQ XPUB socket (SUB peers connect as to vLLM's PUB) and sends each
 //   batch as [topic, sequence (int64 big-endian, from 0, +1 per batch), payload]. With a replay
 //   endpoint it binds a ROUTER socket too, served by a thread: a request [sequence] (from a DEALER
@@ -51,6 +51,9 @@ std::vector<KvEventGroup> KvEventGroupsOf(const Plan& plan);
 
 // The tokens a request knows (empty when the caller does not know the request).
 using RequestTokens = std::function<std::span<const int32_t>(RequestId)>;
+// The manager's own record (KvCacheManager::Tokens): right for events taken right after the call
+// that published them, while their requests are live; empty for a request no longer there.
+RequestTokens TokensOf(const KvCacheManager& manager);
 
 struct KvEventEncoding {
   std::string medium = "GPU";
