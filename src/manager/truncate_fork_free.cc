@@ -77,8 +77,15 @@ void KvCacheManager::Impl::ReleaseTokenBlocksCoherently(Request& r) {
     for (const auto& g : groups) {
       if (static_cast<size_t>(g->pool()) == p) g->CollectForRelease(r, release_order);
     }
-    std::stable_sort(release_order.begin(), release_order.end(),
-                     [](const auto& a, const auto& b) { return a.first > b.first; });
+    // One group's blocks come in rising positions: reversed, they are already in release order.
+    const auto rising = [](const auto& a, const auto& b) { return a.first >= b.first; };
+    if (std::adjacent_find(release_order.begin(), release_order.end(), rising) ==
+        release_order.end()) {
+      std::reverse(release_order.begin(), release_order.end());
+    } else {
+      std::stable_sort(release_order.begin(), release_order.end(),
+                       [](const auto& a, const auto& b) { return a.first > b.first; });
+    }
     std::vector<int32_t>& to_release = core.to_release;
     to_release.clear();
     for (const auto& [end, block] : release_order)
