@@ -7,6 +7,8 @@
 #include <hkv/engine/transformer.h>
 #include <hkv/pool/block_pool.h>
 
+#include "../common/preempt_from_back.h"
+
 namespace hkv {
 namespace {
 
@@ -340,34 +342,25 @@ Result<bool> Engine::RunStep(Live& r, int64_t computed, int64_t n,
   if (!r.started && options_.sparse) HKV_RETURN_IF_ERROR(StartSparse(r, hit.tokens));
   // Out of blocks: preempt the newest request admitted after this one and retry; if this one is
   // the newest, it yields itself. The oldest request therefore always makes progress.
-  for (;;) {
-    // Lookahead never reaches past the model's length: the manager would refuse the step.
-    const int64_t lookahead = std::clamp<int64_t>(
-        manager_->config().max_model_len - computed - total, 0, options_.lookahead);
-    const Status st = manager_->Allocate(id, total, hit, lookahead);
-    if (st.code() != StatusCode::kResourceExhausted) {
-      HKV_RETURN_IF_ERROR(st);
-      HKV_RETURN_IF_ERROR(AfterManagerCall());
-      break;
-    }
-    refused_since_compaction_ = true;
-    if (running_.back().get() != &r) {
-      HKV_RETURN_IF_ERROR(Preempt(running_.back().get()));
-      continue;
-    }
-    if (running_.size() == 1) {
-      std::string pools;
-      for (size_t p = 0; p < manager_->config().pool_blocks.size(); ++p) {
-        const PoolUsage u = manager_->Usage(static_cast<int32_t>(p));
-        pools += fmt::format(" pool {}: {} of {} blocks free;", p, u.num_free, u.num_blocks);
-      }
-      return Status::ResourceExhausted(
-          fmt::format("engine: request {} does not fit in the cache on its own: {};{}", id,
-                      st.message(), pools));
-    }
-    HKV_RETURN_IF_ERROR(Preempt(&r));
-    return false;
-  }
+  HKV_ASSIGN_OR_RETURN(const bool allocated,
+                       common_internal::AllocateOrPreempt(
+                           running_, &r,
+                           [&] {
+                             // Lookahead never reaches past the model's length: the manager would
+                             // refuse the step.
+                             const int64_t lookahead = std::clamp<int64_t>(
+                                 manager_->config().max_model_len - computed - total, 0,
+                                 options_.lookahead);
+                             return manager_->Allocate(id, total, hit, lookahead);
+                           },
+                           [&](const Live* victim, const Status& refusal) {
+                             refused_since_compaction_ = true;
+                             if (victim == &r && running_.size() == 1)
+                               return DoesNotFitAlone(id, refusal);
+                             return Preempt(victim);
+                           }));
+  if (!allocated) return false;
+  HKV_RETURN_IF_ERROR(AfterManagerCall());
   r.started = true;
   if (hit.tokens > 0) {
     counters_.prefix_hit_tokens += hit.tokens;
@@ -390,6 +383,17 @@ Result<bool> Engine::RunStep(Live& r, int64_t computed, int64_t n,
   }
   HKV_RETURN_IF_ERROR(Execute(r, drafts).status());
   return true;
+}
+
+Status Engine::DoesNotFitAlone(RequestId id, const Status& refusal) const {
+  std::string pools;
+  for (size_t p = 0; p < manager_->config().pool_blocks.size(); ++p) {
+    const PoolUsage u = manager_->Usage(static_cast<int32_t>(p));
+    pools += fmt::format(" pool {}: {} of {} blocks free;", p, u.num_free, u.num_blocks);
+  }
+  return Status::ResourceExhausted(
+      fmt::format("engine: request {} does not fit in the cache on its own: {};{}", id,
+                  refusal.message(), pools));
 }
 
 Result<bool> Engine::EndLoad(Live& r, bool loaded) {

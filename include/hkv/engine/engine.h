@@ -238,6 +238,8 @@ class Engine {
   // someone was preempted.
   Result<bool> RunStep(Live& r, int64_t computed, int64_t n, const std::vector<int32_t>& drafts);
   Status Preempt(const Live* victim);
+  // The error for request `id`, refused blocks (`refusal`) with nothing left to preempt.
+  Status DoesNotFitAlone(RequestId id, const Status& refusal) const;
   // Runs the open step of `r` (allocated by RunStep); the tokens it computed.
   Result<int64_t> Execute(Live& r, const std::vector<int32_t>& drafts);
   // Execute's forward pass over the open step: the logits of its positions, vocab per row.
