@@ -7,6 +7,9 @@
 #include <hkv/engine/transformer.h>
 #include <hkv/pool/block_pool.h>
 
+#include "../common/preempt_from_back.h"
+#include "engine_impl.h"
+
 namespace hkv {
 namespace {
 
@@ -58,8 +61,8 @@ Result<std::vector<int64_t>> StepCuts(const KvCacheManager& manager, RequestId i
 
 }  // namespace
 
-Engine::Engine(const ModelSpec& spec, const ModelWeights& weights, KvCacheManager manager,
-               PagedKvCache cache, const EngineOptions& options)
+Engine::Impl::Impl(const ModelSpec& spec, const ModelWeights& weights, KvCacheManager manager,
+                   PagedKvCache cache, const EngineOptions& options)
     : spec_(spec),
       weights_(weights),
       manager_(std::make_unique<KvCacheManager>(std::move(manager))),
@@ -87,7 +90,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& spec, const Mode
     return Status::InvalidArgument(
         fmt::format("engine: lookahead {}: expected >= 0", options.lookahead));
   }
-  std::vector<SparseLayer> sparse_layers;
+  std::vector<Impl::SparseLayer> sparse_layers;
   std::vector<int32_t> sparse_groups;
   if (options.sparse) {
     if (options.draft_tokens > 0) {
@@ -118,21 +121,50 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& spec, const Mode
   HKV_RETURN_IF_ERROR(config.CheckMatches(plan));
   HKV_ASSIGN_OR_RETURN(KvCacheManager manager, KvCacheManager::Create(config));
   HKV_ASSIGN_OR_RETURN(PagedKvCache cache, PagedKvCache::Create(plan));
-  auto engine = std::unique_ptr<Engine>(
-      new Engine(spec, weights, std::move(manager), std::move(cache), options));
-  engine->sparse_layers_ = std::move(sparse_layers);
-  engine->sparse_groups_ = std::move(sparse_groups);
+  auto impl = std::make_unique<Impl>(spec, weights, std::move(manager), std::move(cache), options);
+  impl->sparse_layers_ = std::move(sparse_layers);
+  impl->sparse_groups_ = std::move(sparse_groups);
   if (options.offload) {
-    const std::vector<std::span<unsigned char>> buffers = engine->cache_.Buffers();
+    const std::vector<std::span<unsigned char>> buffers = impl->cache_.Buffers();
     HKV_ASSIGN_OR_RETURN(BlockMemoryView view, BlockMemoryView::Create(plan, buffers));
-    engine->view_ = std::make_unique<BlockMemoryView>(std::move(view));
-    HKV_ASSIGN_OR_RETURN(engine->connector_,
-                         TierConnector::Create(*engine->view_, options.offload->tiers));
+    impl->view_ = std::make_unique<BlockMemoryView>(std::move(view));
+    HKV_ASSIGN_OR_RETURN(impl->connector_,
+                         TierConnector::Create(*impl->view_, options.offload->tiers));
   }
-  return engine;
+  return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }
 
+Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Engine::Engine(Engine&&) noexcept = default;
+Engine& Engine::operator=(Engine&&) noexcept = default;
+Engine::~Engine() = default;
+
 Status Engine::Submit(const GenerationRequest& request) {
+  return impl_->Submit(request);
+}
+Status Engine::Step() {
+  return impl_->Step();
+}
+bool Engine::idle() const {
+  return impl_->running_.empty() && impl_->waiting_.empty();
+}
+const std::vector<Sequence>& Engine::finished() const {
+  return impl_->finished_;
+}
+const EngineCounters& Engine::counters() const {
+  return impl_->counters_;
+}
+const KvCacheManager& Engine::manager() const {
+  return *impl_->manager_;
+}
+const TierConnector* Engine::connector() const {
+  return impl_->connector_.get();
+}
+const BlockMemoryView* Engine::memory_view() const {
+  return impl_->view_.get();
+}
+
+Status Engine::Impl::Submit(const GenerationRequest& request) {
   if (request.prompt.empty()) {
     return Status::InvalidArgument(
         fmt::format("engine: request {}: prompt is empty: expected at least 1 token", request.id));
@@ -199,7 +231,7 @@ Status Engine::Submit(const GenerationRequest& request) {
   return Status::Ok();
 }
 
-Status Engine::AfterManagerCall() {
+Status Engine::Impl::AfterManagerCall() {
   if (options_.poison_free_blocks) HKV_RETURN_IF_ERROR(cache_.PoisonFreeBlocks(*manager_));
   if (!connector_ && options_.kv_events == nullptr) return Status::Ok();
   const std::vector<ManagerEvent> events = manager_->TakeEvents();
@@ -213,7 +245,7 @@ Status Engine::AfterManagerCall() {
   return Status::Ok();
 }
 
-std::span<const int32_t> Engine::KnownTokens(RequestId id) const {
+std::span<const int32_t> Engine::Impl::KnownTokens(RequestId id) const {
   for (const auto& r : running_) {
     if (r->seq.id == id) return r->seq.tokens;
   }
@@ -226,7 +258,7 @@ std::span<const int32_t> Engine::KnownTokens(RequestId id) const {
   return {};
 }
 
-Status Engine::MaybeCompact() {
+Status Engine::Impl::MaybeCompact() {
   if (!options_.compact || !manager_->config().arena.enabled()) return Status::Ok();
   // A loading request's step is open (its blocks are being written): pages stay where they are.
   if (std::any_of(running_.begin(), running_.end(), [](const auto& l) { return l->loading; })) {
@@ -258,7 +290,7 @@ Status Engine::MaybeCompact() {
   return Status::Ok();
 }
 
-int64_t Engine::WindowNulls(RequestId id) const {
+int64_t Engine::Impl::WindowNulls(RequestId id) const {
   int64_t nulls = 0;
   const auto& groups = manager_->config().groups;
   for (size_t g = 0; g < groups.size(); ++g) {
@@ -271,7 +303,7 @@ int64_t Engine::WindowNulls(RequestId id) const {
   return nulls;
 }
 
-Status Engine::Admit(Live& r) {
+Status Engine::Impl::Admit(Live& r) {
   RequestSpec spec;
   spec.id = r.seq.id;
   spec.prompt = r.seq.tokens;
@@ -284,7 +316,7 @@ Status Engine::Admit(Live& r) {
 }
 
 // Frees `victim` and puts it at the front of the queue with all its known tokens.
-Status Engine::Preempt(const Live* victim) {
+Status Engine::Impl::Preempt(const Live* victim) {
   auto it = std::find_if(running_.begin(), running_.end(),
                          [&](const auto& p) { return p.get() == victim; });
   std::unique_ptr<Live> v = std::move(*it);
@@ -303,14 +335,14 @@ Status Engine::Preempt(const Live* victim) {
   return Status::Ok();
 }
 
-int32_t Engine::Sample(Live& r, std::span<const float> logits, int64_t pos) {
+int32_t Engine::Impl::Sample(Live& r, std::span<const float> logits, int64_t pos) {
   if (r.seq.greedy) return Argmax(logits);
   const double u = r.rng.Unit();
   r.seq.draws[pos] = u;
   return PickByDraw(logits, u);
 }
 
-Status Engine::FinishOrSample(Live& r, const std::vector<float>& last_logits, int64_t pos) {
+Status Engine::Impl::FinishOrSample(Live& r, const std::vector<float>& last_logits, int64_t pos) {
   std::vector<Live*> samplers{&r};
   if (r.num_samples > 1 && !r.forked) {
     r.forked = true;
@@ -332,42 +364,33 @@ Status Engine::FinishOrSample(Live& r, const std::vector<float>& last_logits, in
   return Status::Ok();
 }
 
-Result<bool> Engine::RunStep(Live& r, int64_t computed, int64_t n,
-                             const std::vector<int32_t>& drafts) {
+Result<bool> Engine::Impl::RunStep(Live& r, int64_t computed, int64_t n,
+                                   const std::vector<int32_t>& drafts) {
   const RequestId id = r.seq.id;
   const PrefixHit hit = r.started ? PrefixHit{} : r.pending;
   const int64_t total = n + static_cast<int64_t>(drafts.size());
   if (!r.started && options_.sparse) HKV_RETURN_IF_ERROR(StartSparse(r, hit.tokens));
   // Out of blocks: preempt the newest request admitted after this one and retry; if this one is
   // the newest, it yields itself. The oldest request therefore always makes progress.
-  for (;;) {
-    // Lookahead never reaches past the model's length: the manager would refuse the step.
-    const int64_t lookahead = std::clamp<int64_t>(
-        manager_->config().max_model_len - computed - total, 0, options_.lookahead);
-    const Status st = manager_->Allocate(id, total, hit, lookahead);
-    if (st.code() != StatusCode::kResourceExhausted) {
-      HKV_RETURN_IF_ERROR(st);
-      HKV_RETURN_IF_ERROR(AfterManagerCall());
-      break;
-    }
-    refused_since_compaction_ = true;
-    if (running_.back().get() != &r) {
-      HKV_RETURN_IF_ERROR(Preempt(running_.back().get()));
-      continue;
-    }
-    if (running_.size() == 1) {
-      std::string pools;
-      for (size_t p = 0; p < manager_->config().pool_blocks.size(); ++p) {
-        const PoolUsage u = manager_->Usage(static_cast<int32_t>(p));
-        pools += fmt::format(" pool {}: {} of {} blocks free;", p, u.num_free, u.num_blocks);
-      }
-      return Status::ResourceExhausted(
-          fmt::format("engine: request {} does not fit in the cache on its own: {};{}", id,
-                      st.message(), pools));
-    }
-    HKV_RETURN_IF_ERROR(Preempt(&r));
-    return false;
-  }
+  HKV_ASSIGN_OR_RETURN(const bool allocated,
+                       common_internal::AllocateOrPreempt(
+                           running_, &r,
+                           [&] {
+                             // Lookahead never reaches past the model's length: the manager would
+                             // refuse the step.
+                             const int64_t lookahead = std::clamp<int64_t>(
+                                 manager_->config().max_model_len - computed - total, 0,
+                                 options_.lookahead);
+                             return manager_->Allocate(id, total, hit, lookahead);
+                           },
+                           [&](const Live* victim, const Status& refusal) {
+                             refused_since_compaction_ = true;
+                             if (victim == &r && running_.size() == 1)
+                               return DoesNotFitAlone(id, refusal);
+                             return Preempt(victim);
+                           }));
+  if (!allocated) return false;
+  HKV_RETURN_IF_ERROR(AfterManagerCall());
   r.started = true;
   if (hit.tokens > 0) {
     counters_.prefix_hit_tokens += hit.tokens;
@@ -392,7 +415,18 @@ Result<bool> Engine::RunStep(Live& r, int64_t computed, int64_t n,
   return true;
 }
 
-Result<bool> Engine::EndLoad(Live& r, bool loaded) {
+Status Engine::Impl::DoesNotFitAlone(RequestId id, const Status& refusal) const {
+  std::string pools;
+  for (size_t p = 0; p < manager_->config().pool_blocks.size(); ++p) {
+    const PoolUsage u = manager_->Usage(static_cast<int32_t>(p));
+    pools += fmt::format(" pool {}: {} of {} blocks free;", p, u.num_free, u.num_blocks);
+  }
+  return Status::ResourceExhausted(
+      fmt::format("engine: request {} does not fit in the cache on its own: {};{}", id,
+                  refusal.message(), pools));
+}
+
+Result<bool> Engine::Impl::EndLoad(Live& r, bool loaded) {
   const RequestId id = r.seq.id;
   connector_->Forget(id);
   HKV_RETURN_IF_ERROR(manager_->FinishLoad(id, loaded));
@@ -409,7 +443,7 @@ Result<bool> Engine::EndLoad(Live& r, bool loaded) {
   return loaded;
 }
 
-Status Engine::MaybeFinish(Live* r) {
+Status Engine::Impl::MaybeFinish(Live* r) {
   if (static_cast<int64_t>(r->seq.tokens.size()) - r->seq.prompt_len < r->max_new_tokens ||
       !r->prefilled) {
     return Status::Ok();
@@ -421,8 +455,8 @@ Status Engine::MaybeFinish(Live* r) {
   return Status::Ok();
 }
 
-Result<std::vector<float>> Engine::ForwardStep(Live& r, const StepInfo& step,
-                                               const std::vector<int32_t>& drafts) {
+Result<std::vector<float>> Engine::Impl::ForwardStep(Live& r, const StepInfo& step,
+                                                     const std::vector<int32_t>& drafts) {
   cache_.ApplyCopies(step.copies);
   HKV_ASSIGN_OR_RETURN(auto view, cache_.View(*manager_, r.seq.id));
   if (options_.sparse) PrepareSparse(r, step.begin, step.end, *view);
@@ -452,7 +486,7 @@ Result<std::vector<float>> Engine::ForwardStep(Live& r, const StepInfo& step,
   return logits;
 }
 
-Status Engine::CommitStep(RequestId id, int64_t end, int64_t commit_at) {
+Status Engine::Impl::CommitStep(RequestId id, int64_t end, int64_t commit_at) {
   if (commit_at < end && (truncate_toggle_++ % 2 == 1)) {
     HKV_RETURN_IF_ERROR(manager_->Commit(id, end));
     HKV_RETURN_IF_ERROR(AfterManagerCall());
@@ -469,7 +503,7 @@ Status Engine::CommitStep(RequestId id, int64_t end, int64_t commit_at) {
   return AfterManagerCall();
 }
 
-Result<int64_t> Engine::Execute(Live& r, const std::vector<int32_t>& drafts) {
+Result<int64_t> Engine::Impl::Execute(Live& r, const std::vector<int32_t>& drafts) {
   const RequestId id = r.seq.id;
   HKV_ASSIGN_OR_RETURN(const StepInfo step, manager_->Step(id));
   HKV_ASSIGN_OR_RETURN(const std::vector<float> logits, ForwardStep(r, step, drafts));
@@ -515,7 +549,7 @@ Result<int64_t> Engine::Execute(Live& r, const std::vector<int32_t>& drafts) {
 
 // Admit a couple of waiting requests per step, none right after a step that had to preempt:
 // memory is short, and a request admitted now would only be preempted again.
-Status Engine::AdmitWaiting() {
+Status Engine::Impl::AdmitWaiting() {
   for (int admitted = 0;
        !waiting_.empty() && admitted < 2 && (!preempted_this_step_ || running_.empty());
        ++admitted) {
@@ -527,7 +561,7 @@ Status Engine::AdmitWaiting() {
   return Status::Ok();
 }
 
-Status Engine::StepRequest(Live* r, int64_t& budget, int64_t& executed) {
+Status Engine::Impl::StepRequest(Live* r, int64_t& budget, int64_t& executed) {
   const RequestId id = r->seq.id;
   if (r->loading) {
     const TierConnector::LoadState state = connector_->Poll(id);
@@ -575,7 +609,7 @@ Status Engine::StepRequest(Live* r, int64_t& budget, int64_t& executed) {
   return MaybeFinish(r);
 }
 
-Status Engine::Step() {
+Status Engine::Impl::Step() {
   ++counters_.steps;
   counters_.branch_blocks_given_back = manager_->stats().branch_blocks_given_back;
   // No step is open between scheduler steps: pages may move now, before anything reads them.

@@ -6,9 +6,11 @@
 
 #include <hkv/engine/engine.h>
 
+#include "engine_impl.h"
+
 namespace hkv {
 
-Status Engine::StartSparse(Live& r, int64_t hit) {
+Status Engine::Impl::StartSparse(Live& r, int64_t hit) {
   r.sparse.resize(sparse_layers_.size());
   for (SparseLayerState& s : r.sparse) {
     HKV_ASSIGN_OR_RETURN(s.policy, MakePolicy(options_.sparse->policy));
@@ -27,7 +29,8 @@ Status Engine::StartSparse(Live& r, int64_t hit) {
   return Status::Ok();
 }
 
-void Engine::PrepareSparse(Live& r, int64_t begin, int64_t end, PagedKvCache::StepView& view) {
+void Engine::Impl::PrepareSparse(Live& r, int64_t begin, int64_t end,
+                                 PagedKvCache::StepView& view) {
   const size_t n = sparse_layers_.size();
   step_positions_.resize(n);
   step_feedback_.resize(n);
@@ -48,7 +51,7 @@ void Engine::PrepareSparse(Live& r, int64_t begin, int64_t end, PagedKvCache::St
   }
 }
 
-void Engine::ShowWritten(Live& r, PagedKvCache::StepView& view) {
+void Engine::Impl::ShowWritten(Live& r, PagedKvCache::StepView& view) {
   for (size_t i = 0; i < sparse_layers_.size(); ++i) {
     SparseLayerState& s = r.sparse[i];
     if (!s.policy->WantsKeys()) continue;
@@ -74,7 +77,7 @@ void Engine::ShowWritten(Live& r, PagedKvCache::StepView& view) {
 
 // Records the step (record_steps), feeds each policy the step's attention and has it select the
 // slots it keeps, into step_keep_.
-void Engine::ObserveSparse(Live& r, int64_t begin, int64_t end) {
+void Engine::Impl::ObserveSparse(Live& r, int64_t begin, int64_t end) {
   const size_t n = sparse_layers_.size();
   const PolicyStep step{begin, static_cast<int32_t>(end - begin),
                         begin < r.seq.prompt_len && r.seq.prompt_len <= end};
@@ -100,8 +103,8 @@ void Engine::ObserveSparse(Live& r, int64_t begin, int64_t end) {
 
 // Evicts group `g` of request `id` down to the `keep` slots its layers selected, the first
 // `unchanged` in place, and moves the kept rows; false when the eviction had to wait for blocks.
-Result<bool> Engine::EvictSparseGroup(RequestId id, int32_t g, int64_t keep, int64_t held,
-                                      int64_t unchanged) {
+Result<bool> Engine::Impl::EvictSparseGroup(RequestId id, int32_t g, int64_t keep, int64_t held,
+                                            int64_t unchanged) {
   HKV_ASSIGN_OR_RETURN(const std::span<const int32_t> before, manager_->BlockTable(id, g));
   old_table_.assign(before.begin(), before.end());
   const Result<EvictResult> e = manager_->Evict(id, g, keep, unchanged);
@@ -125,7 +128,7 @@ Result<bool> Engine::EvictSparseGroup(RequestId id, int32_t g, int64_t keep, int
   return e.status();
 }
 
-Status Engine::FinishSparseGroup(Live& r, int32_t g) {
+Status Engine::Impl::FinishSparseGroup(Live& r, int32_t g) {
   const size_t n = sparse_layers_.size();
   const RequestId id = r.seq.id;
   int64_t keep = -1, held = 0, unchanged = 0;
@@ -167,7 +170,7 @@ Status Engine::FinishSparseGroup(Live& r, int32_t g) {
   return Status::Ok();
 }
 
-Status Engine::FinishSparse(Live& r, int64_t begin, int64_t end) {
+Status Engine::Impl::FinishSparse(Live& r, int64_t begin, int64_t end) {
   ObserveSparse(r, begin, end);
   for (const int32_t g : sparse_groups_) {
     HKV_RETURN_IF_ERROR(FinishSparseGroup(r, g));

@@ -1,10 +1,13 @@
 #include <algorithm>
 #include <chrono>
-#include <deque>
 #include <numeric>
+#include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <unordered_set>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -14,209 +17,120 @@
 #include <hkv/sim/replayer.h>
 
 #include "replay_common.h"
+#include "step_loop.h"
 
 namespace hkv {
 namespace {
 
-struct Live {
-  const TraceRequest* trace = nullptr;
-  RequestId id = 0;
-  std::vector<int32_t> tokens;  // prompt and the outputs appended so far
-  int64_t computed = 0;
-  int32_t outputs = 0;
-  bool added = false;  // registered with the manager (and not freed since)
-};
+// hkv's KvCacheManager as the step loop drives it (src/sim/step_loop.h).
+class HkvDriven {
+ public:
+  struct Request {
+    const TraceRequest* trace = nullptr;
+    RequestId id = 0;             // the request's position in the trace
+    std::vector<int32_t> tokens;  // prompt and the outputs appended so far
+    int64_t computed = 0;
+    int32_t outputs = 0;
+    bool added = false;  // registered with the manager (and not freed since)
+  };
+  using Chunk = sim_internal::Chunk<Request>;
 
-struct Scheduled {
-  Live* r;
-  int64_t n;
-};
+  HkvDriven(const ManagerConfig& mc, KvCacheManager& manager, ReplayReport& report)
+      : mc_(mc), manager_(manager), report_(report) {}
 
-size_t At(const Live& r) {
-  return static_cast<size_t>(r.id);
-}
-int64_t NumTokens(const Live& r) {
-  return static_cast<int64_t>(r.tokens.size());
-}
+  static int64_t Tokens(const Request& r) { return static_cast<int64_t>(r.tokens.size()); }
+  static int64_t& Computed(Request& r) { return r.computed; }
 
-// One replay in progress: the requests waiting and running, and the step being scheduled.
-struct ReplayRun {
-  Result<bool> ScheduleRunning(ReplayStep& step, int64_t& budget);
-  Status Admit(ReplayStep& step, int64_t& budget);
-  Status ReadStep(ReplayStep& step);
-  Status Outputs(ReplayStep& step);
-  Status RunStep(ReplayStep& step);
-  Status Run();
-
-  const ReplayOptions& o;
-  const ManagerConfig& mc;
-  KvCacheManager& manager;
-  sim_internal::ReplayBook& book;
-  std::vector<Live> reqs{};
-  std::deque<Live*> waiting{};
-  std::vector<Live*> running{};
-  std::vector<Scheduled> scheduled{};
-  StepInputs inputs{};
-  sim_internal::Stopwatch watch{};
-};
-
-// 1. Running requests, in order; blocks running short preempt from the back. Whether anyone was
-// preempted.
-Result<bool> ReplayRun::ScheduleRunning(ReplayStep& step, int64_t& budget) {
-  bool preempted = false;
-  for (size_t i = 0; i < running.size(); ++i) {
-    Live* r = running[i];
-    const int64_t n =
-        std::min({NumTokens(*r) - r->computed, budget, o.max_model_len - 1 - r->computed});
-    if (n <= 0) continue;
-    bool stop = false;
-    for (;;) {
-      const Status st = watch([&] { return manager.Allocate(r->id, n); });
-      if (st.ok()) {
-        budget -= n;
-        scheduled.push_back({r, n});
-        break;
-      }
-      if (st.code() != StatusCode::kResourceExhausted) return st;
-      Live* victim = running.back();
-      running.pop_back();
-      HKV_RETURN_IF_ERROR(watch([&] { return manager.Free(victim->id); }));
-      victim->added = false;
-      victim->computed = 0;
-      book.Preempted(At(*victim), step);
-      preempted = true;
-      waiting.push_front(victim);
-      if (victim == r) {
-        stop = true;
-        break;
-      }
-    }
-    if (stop) break;
+  void BeginStep() {}
+  int64_t RunningChunk(const Request&, int64_t n) const { return n; }
+  Status AllocateRunning(Request& r, int64_t n) {
+    return watch_([&] { return manager_.Allocate(r.id, n); });
   }
-  return preempted;
-}
-
-// 2. Admissions (the caller admits only in a step without preemption).
-Status ReplayRun::Admit(ReplayStep& step, int64_t& budget) {
-  while (!waiting.empty() && budget > 0 && static_cast<int64_t>(running.size()) < o.max_running) {
-    Live* r = waiting.front();
-    if (!r->added) {
-      RequestSpec spec;
-      spec.id = r->id;
-      spec.prompt = r->tokens;
-      HKV_RETURN_IF_ERROR(watch([&] { return manager.AddRequest(spec); }));
-      r->added = true;
-    }
-    HKV_ASSIGN_OR_RETURN(const PrefixHit hit, watch([&] { return manager.Lookup(r->id); }));
-    const int64_t n = std::min(NumTokens(*r) - hit.tokens, budget);
-    // The whole remaining prompt must fit: reserve what this step does not compute.
-    const int64_t rest = NumTokens(*r) - hit.tokens - n;
-    const Status st = watch([&] { return manager.Allocate(r->id, n, hit, rest); });
-    if (st.code() == StatusCode::kResourceExhausted) break;
-    HKV_RETURN_IF_ERROR(st);
-    waiting.pop_front();
-    running.push_back(r);
-    r->computed = hit.tokens;
-    budget -= n;
-    scheduled.push_back({r, n});
-    book.Admitted(At(*r), NumTokens(*r), hit.tokens, step);
+  Status Preempt(Request& r) {
+    HKV_RETURN_IF_ERROR(watch_([&] { return manager_.Free(r.id); }));
+    r.added = false;
+    return Status::Ok();
   }
-  return Status::Ok();
+  void ScheduledRunning(const Request&) {}
+  Result<sim_internal::MaybeAdmission> TryAdmit(Request& r, int64_t budget);
+  void Admitted(const Request&) {}
+  Status DoesNotFit(const Request& r) const {
+    return Status::ResourceExhausted(fmt::format(
+        "replay: request {} ({} tokens) does not fit in the pools even with nothing else "
+        "running; give the manager more memory",
+        r.trace->id, Tokens(r)));
+  }
+  Status ReadStep(std::span<const Chunk> scheduled, const std::vector<Request*>& running,
+                  ReplayStep& step);
+  void CountBlocks(ReplayStep& step) const {
+    for (size_t p = 0; p < mc_.pool_blocks.size(); ++p) {
+      const PoolUsage u = manager_.Usage(static_cast<int32_t>(p));
+      step.blocks_used += u.num_blocks - u.num_free;
+      step.cached_blocks += u.num_cached;
+    }
+  }
+  Status Commit(Request& r, int64_t computed) {
+    return watch_([&] { return manager_.Commit(r.id, computed); });
+  }
+  Status Append(Request& r, int32_t token) {
+    HKV_RETURN_IF_ERROR(watch_([&] { return manager_.AppendTokens(r.id, {&token, 1}); }));
+    r.tokens.push_back(token);
+    return Status::Ok();
+  }
+  Status Finish(Request& r) {
+    HKV_RETURN_IF_ERROR(watch_([&] { return manager_.Free(r.id); }));
+    r.added = false;
+    return Status::Ok();
+  }
+  Status CheckInvariants() const { return manager_.CheckInvariants(); }
+  double TakeManagerUs() { return watch_.Take(); }
+
+ private:
+  const ManagerConfig& mc_;
+  KvCacheManager& manager_;
+  ReplayReport& report_;
+  StepInputs inputs_{};
+  sim_internal::Stopwatch watch_{};
+};
+
+// The request is registered (once: a refused admission stays registered), looked up, and
+// allocated the step's chunk with the rest of its prompt reserved as lookahead: the whole
+// remaining prompt must fit.
+Result<sim_internal::MaybeAdmission> HkvDriven::TryAdmit(Request& r, int64_t budget) {
+  if (!r.added) {
+    RequestSpec spec;
+    spec.id = r.id;
+    spec.prompt = r.tokens;
+    HKV_RETURN_IF_ERROR(watch_([&] { return manager_.AddRequest(spec); }));
+    r.added = true;
+  }
+  HKV_ASSIGN_OR_RETURN(const PrefixHit hit, watch_([&] { return manager_.Lookup(r.id); }));
+  const int64_t n = std::min(Tokens(r) - hit.tokens, budget);
+  const int64_t rest = Tokens(r) - hit.tokens - n;
+  const Status st = watch_([&] { return manager_.Allocate(r.id, n, hit, rest); });
+  if (st.code() == StatusCode::kResourceExhausted) return sim_internal::MaybeAdmission();
+  HKV_RETURN_IF_ERROR(st);
+  return sim_internal::MaybeAdmission({.n = n, .hit = hit.tokens});
 }
 
 // What an engine receives for the step: for every scheduled request what changed in its tables,
 // its slots and its state slots, in one call (TakeStepInputs). A recurrent checkpoint inside the
 // step's chunk splits the chunk there.
-Status ReplayRun::ReadStep(ReplayStep& step) {
-  ReplayReport& report = book.report();
-  for (const Scheduled& sc : scheduled) {
-    HKV_RETURN_IF_ERROR(watch([&] { return manager.TakeStepInputs(sc.r->id, inputs); }));
-    for (size_t g = 0; g < mc.groups.size(); ++g) {
-      if (!mc.groups[g].is_state()) continue;
-      const std::span<const StateSnapshot> snaps = inputs.states[g].snapshots;
+Status HkvDriven::ReadStep(std::span<const Chunk> scheduled, const std::vector<Request*>&,
+                           ReplayStep& step) {
+  for (const Chunk& sc : scheduled) {
+    HKV_RETURN_IF_ERROR(watch_([&] { return manager_.TakeStepInputs(sc.r->id, inputs_); }));
+    for (size_t g = 0; g < mc_.groups.size(); ++g) {
+      if (!mc_.groups[g].is_state()) continue;
+      const std::span<const StateSnapshot> snaps = inputs_.states[g].snapshots;
       const auto splits =
           static_cast<int64_t>(std::count_if(snaps.begin(), snaps.end(), [&](const auto& x) {
-            return x.position < sc.r->computed + sc.n && x.position <= NumTokens(*sc.r);
+            return x.position < sc.r->computed + sc.n && x.position <= Tokens(*sc.r);
           }));
       step.state_splits += splits;
-      report.max_request_state_splits = std::max(report.max_request_state_splits, splits);
+      report_.max_request_state_splits = std::max(report_.max_request_state_splits, splits);
       break;  // every state group splits at the same positions
     }
-  }
-  return Status::Ok();
-}
-
-// 4. Outputs, finishing requests in scheduling order.
-Status ReplayRun::Outputs(ReplayStep& step) {
-  for (const Scheduled& sc : scheduled) {
-    Live* r = sc.r;
-    if (r->computed < NumTokens(*r)) continue;
-    if (r->outputs < r->trace->output_len) {
-      const int32_t t = book.Output(At(*r), r->outputs);
-      HKV_RETURN_IF_ERROR(watch([&] { return manager.AppendTokens(r->id, {&t, 1}); }));
-      r->tokens.push_back(t);
-      ++r->outputs;
-    }
-    // A request that reaches max_model_len finishes there, as vLLM's scheduler does.
-    if (r->outputs >= r->trace->output_len || NumTokens(*r) >= o.max_model_len) {
-      running.erase(std::find(running.begin(), running.end(), r));
-      HKV_RETURN_IF_ERROR(watch([&] { return manager.Free(r->id); }));
-      r->added = false;
-      book.Finished(At(*r), step);
-    }
-  }
-  return Status::Ok();
-}
-
-Status ReplayRun::RunStep(ReplayStep& step) {
-  int64_t budget = o.token_budget;
-  scheduled.clear();
-  HKV_ASSIGN_OR_RETURN(const bool preempted, ScheduleRunning(step, budget));
-  if (!preempted) HKV_RETURN_IF_ERROR(Admit(step, budget));
-  if (!preempted && running.empty() && !waiting.empty()) {
-    // The head was tried with nothing running, so every cached block was free to evict, and it
-    // still did not fit: it never will, and waiting for it would loop forever.
-    const Live& r = *waiting.front();
-    return Status::ResourceExhausted(fmt::format(
-        "replay: request {} ({} tokens) does not fit in the pools even with nothing else "
-        "running; give the manager more memory",
-        r.trace->id, NumTokens(r)));
-  }
-  HKV_RETURN_IF_ERROR(ReadStep(step));
-  step.running = static_cast<int64_t>(running.size());
-  step.waiting = static_cast<int64_t>(waiting.size());
-  for (size_t p = 0; p < mc.pool_blocks.size(); ++p) {
-    const PoolUsage u = manager.Usage(static_cast<int32_t>(p));
-    step.blocks_used += u.num_blocks - u.num_free;
-    step.cached_blocks += u.num_cached;
-  }
-  // 3. Commit, in scheduling order.
-  for (const Scheduled& sc : scheduled) {
-    HKV_RETURN_IF_ERROR(watch([&] { return manager.Commit(sc.r->id, sc.r->computed + sc.n); }));
-    sc.r->computed += sc.n;
-    step.scheduled_tokens += sc.n;
-  }
-  HKV_RETURN_IF_ERROR(Outputs(step));
-  if (o.check_invariants) HKV_RETURN_IF_ERROR(manager.CheckInvariants());
-  book.EndStep(step, watch.Take());
-  return Status::Ok();
-}
-
-Status ReplayRun::Run() {
-  size_t next = 0;
-  int64_t s = 0;
-  while (next < reqs.size() || !waiting.empty() || !running.empty()) {
-    // 0. Arrivals; skip idle gaps.
-    while (next < reqs.size() && reqs[next].trace->arrival_step <= s)
-      waiting.push_back(&reqs[next++]);
-    if (waiting.empty() && running.empty()) {
-      s = reqs[next].trace->arrival_step;
-      continue;
-    }
-    ReplayStep step;
-    step.step = s;
-    HKV_RETURN_IF_ERROR(RunStep(step));
-    ++s;
   }
   return Status::Ok();
 }
@@ -270,15 +184,15 @@ Result<ReplayReport> Replay(const Trace& trace, const ManagerConfig& config,
   for (size_t p = 0; p < mc.pool_blocks.size(); ++p)
     report.num_blocks += mc.pool_blocks[p] - 1;
 
-  ReplayRun run{.o = o, .mc = mc, .manager = manager, .book = book};
-  run.reqs.resize(trace.size());
+  std::vector<HkvDriven::Request> reqs(trace.size());
   for (size_t i = 0; i < trace.size(); ++i) {
-    Live& r = run.reqs[i];
-    r.trace = &trace[i];
-    r.id = static_cast<RequestId>(i);
-    r.tokens = trace[i].prompt;
+    reqs[i].trace = &trace[i];
+    reqs[i].id = static_cast<RequestId>(i);
+    reqs[i].tokens = trace[i].prompt;
   }
-  HKV_RETURN_IF_ERROR(run.Run());
+  HkvDriven driven(mc, manager, report);
+  sim_internal::StepLoop loop(o, book, driven, std::move(reqs));
+  HKV_RETURN_IF_ERROR(loop.Run());
   return book.Finish();
 }
 

@@ -1,7 +1,10 @@
 // ReplayVllm: the scheduler loop of ../shared/vllm_reference/run_vllm_manager.py (which follows
 // vllm/v1/core/sched/scheduler.py) over vllm::KvCacheManager.
 #include <algorithm>
-#include <deque>
+#include <optional>
+#include <span>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -9,24 +12,19 @@
 #include <hkv/vllm/kv_cache_manager.h>
 
 #include "replay_common.h"
+#include "step_loop.h"
 
 namespace hkv {
 namespace {
 
-struct Live {
-  const TraceRequest* trace = nullptr;
-  vllm::Request req;  // its id is the request's position in the trace
-  int32_t outputs = 0;
-};
-
 // Scheduler._mamba_block_aligned_split: in `align` mode a prefill chunk ends at a block boundary
 // (or at the last one before the end of the prompt), so the state the kernel leaves at the end
 // of the chunk is a state a block can cache.
-int64_t MambaBlockAlignedSplit(const Live& r, int64_t n, int32_t block_size,
+int64_t MambaBlockAlignedSplit(const vllm::Request& r, int64_t n, int32_t block_size,
                                int64_t new_local_computed) {
-  const int64_t computed = r.req.num_computed_tokens + new_local_computed;
-  const int64_t num_tokens = r.req.num_tokens();
-  if (computed < std::max(r.req.num_prompt_tokens(), num_tokens - 1)) {
+  const int64_t computed = r.num_computed_tokens + new_local_computed;
+  const int64_t num_tokens = r.num_tokens();
+  if (computed < std::max(r.num_prompt_tokens(), num_tokens - 1)) {
     const int64_t last_cache_position = num_tokens - num_tokens % block_size;
     const int64_t after = computed + n;
     if (after < last_cache_position) {
@@ -84,186 +82,115 @@ Status CheckVllmConfig(const vllm::KvCacheConfig& config, const ReplayOptions& o
   return Status::Ok();
 }
 
-struct Scheduled {
-  Live* r;
-  int64_t n;
-};
+// vLLM's manager as the step loop drives it (src/sim/step_loop.h), with the reference script's
+// own rules: the Mamba `align` chunk split, the full-prompt admission gate, NewStepStarts and
+// NumCommonPrefixBlocks every step, and the digest of the block ids handed to the model runner.
+class VllmDriven {
+ public:
+  struct Request {
+    const TraceRequest* trace = nullptr;
+    vllm::Request req;  // its id is the request's position in the trace
+    int32_t outputs = 0;
+  };
+  using Chunk = sim_internal::Chunk<Request>;
 
-size_t At(const Live& r) {
-  return static_cast<size_t>(r.req.id());
-}
+  VllmDriven(const vllm::KvCacheConfig& config, const ReplayOptions& o,
+             vllm::KvCacheManager& manager)
+      : o_(o),
+        manager_(manager),
+        split_(config.mamba_block_aligned_split()),
+        cache_block_(config.cache_block_size),
+        usable_(config.usable_blocks()) {}
 
-// One replay over vLLM's manager in progress: the requests waiting and running, and the step
-// being scheduled.
-struct VllmReplayRun {
-  Result<bool> ScheduleRunning(ReplayStep& step, int64_t& budget);
-  Status Admit(ReplayStep& step, int64_t& budget);
-  void Outputs(ReplayStep& step);
-  Status RunStep(ReplayStep& step);
-  Status Run();
+  static int64_t Tokens(const Request& r) { return r.req.num_tokens(); }
+  static int64_t& Computed(Request& r) { return r.req.num_computed_tokens; }
 
-  const ReplayOptions& o;
-  vllm::KvCacheManager& manager;
-  sim_internal::ReplayBook& book;
-  const bool split;
-  const int32_t cache_block;
-  const int64_t usable;
-  std::vector<Live> reqs{};
-  std::deque<Live*> waiting{};
-  std::vector<Live*> running{};
-  std::vector<Scheduled> scheduled{};
-  std::vector<Live*> stopped{};
-  vllm::GroupBlocks new_blocks{};
-  BlockIdDigest digest{};
-  sim_internal::Stopwatch watch{};
-};
-
-// Running requests, while budget remains; blocks running short preempt from the back. Whether
-// anyone was preempted.
-Result<bool> VllmReplayRun::ScheduleRunning(ReplayStep& step, int64_t& budget) {
-  bool preempted = false;
-  for (size_t i = 0; i < running.size() && budget > 0;) {
-    Live* r = running[i];
-    int64_t n = std::min({r->req.num_tokens() - r->req.num_computed_tokens, budget,
-                          o.max_model_len - 1 - r->req.num_computed_tokens});
-    if (split) n = MambaBlockAlignedSplit(*r, n, cache_block, 0);
-    if (n <= 0) {
-      ++i;
-      continue;
-    }
-    bool self_preempted = false;
-    for (;;) {
-      vllm::AllocateArgs args;
-      args.num_new_tokens = n;
-      const Status st = watch([&] { return manager.AllocateSlots(r->req, args, &new_blocks); });
-      if (st.ok()) break;
-      if (st.code() != StatusCode::kResourceExhausted) return st;
-      Live* victim = running.back();
-      running.pop_back();
-      watch.Run([&] { manager.Free(victim->req.id()); });
-      victim->req.num_computed_tokens = 0;
-      waiting.push_front(victim);
-      book.Preempted(At(*victim), step);
-      preempted = true;
-      if (victim == r) {
-        self_preempted = true;
-        break;
-      }
-    }
-    if (self_preempted) break;
-    // vLLM hands a running request's new blocks on, or None when no group got any.
-    digest.Request(r->trace->id, new_blocks.empty() ? nullptr : &new_blocks);
-    scheduled.push_back({r, n});
-    budget -= n;
-    ++i;
+  void BeginStep() {
+    watch_.Run([&] { manager_.NewStepStarts(); });
   }
-  return preempted;
-}
-
-// Waiting requests (the caller admits only in a step without preemption).
-Status VllmReplayRun::Admit(ReplayStep& step, int64_t& budget) {
-  while (!waiting.empty() && budget > 0 && static_cast<int64_t>(running.size()) < o.max_running) {
-    Live* r = waiting.front();
-    HKV_ASSIGN_OR_RETURN(const vllm::ComputedBlocks hit,
-                         watch([&] { return manager.GetComputedBlocks(r->req); }));
-    int64_t n = std::min(r->req.num_tokens() - hit.num_tokens, budget);
-    if (split) {
-      n = MambaBlockAlignedSplit(*r, n, cache_block, hit.num_tokens);
-      if (n == 0) break;
-    }
+  int64_t RunningChunk(const Request& r, int64_t n) const {
+    return split_ ? MambaBlockAlignedSplit(r.req, n, cache_block_, 0) : n;
+  }
+  Status AllocateRunning(Request& r, int64_t n) {
     vllm::AllocateArgs args;
     args.num_new_tokens = n;
-    args.num_new_computed_tokens = hit.num_tokens;
-    args.new_computed = &hit;
-    args.full_sequence_must_fit = o.reserve_full_prompt;
-    const Status st = watch([&] { return manager.AllocateSlots(r->req, args); });
-    if (st.code() == StatusCode::kResourceExhausted) break;
-    HKV_RETURN_IF_ERROR(st);
-    waiting.pop_front();
-    running.push_back(r);
-    watch.Run([&] { new_blocks = manager.GetBlockIds(r->req.id()); });
-    digest.Request(r->trace->id, &new_blocks);
-    book.Admitted(At(*r), r->req.num_tokens(), hit.num_tokens, step);
-    r->req.num_computed_tokens = hit.num_tokens;
-    scheduled.push_back({r, n});
-    budget -= n;
+    return watch_([&] { return manager_.AllocateSlots(r.req, args, &new_blocks_); });
   }
-  return Status::Ok();
-}
-
-// A token is sampled for every request past its prompt; finished ones are freed in order.
-void VllmReplayRun::Outputs(ReplayStep& step) {
-  stopped.clear();
-  for (const Scheduled& sc : scheduled) {
-    Live* r = sc.r;
-    if (r->req.num_computed_tokens < r->req.num_tokens()) continue;
-    if (r->outputs < r->trace->output_len) {
-      r->req.AppendToken(book.Output(At(*r), r->outputs));
-      ++r->outputs;
-    }
-    if (r->outputs >= r->trace->output_len || r->req.num_tokens() >= o.max_model_len)
-      stopped.push_back(r);
+  Status Preempt(Request& r) {
+    watch_.Run([&] { manager_.Free(r.req.id()); });
+    return Status::Ok();
   }
-  if (!stopped.empty()) {
-    std::erase_if(running, [&](Live* r) {
-      return std::find(stopped.begin(), stopped.end(), r) != stopped.end();
-    });
-    for (Live* r : stopped) {
-      watch.Run([&] { manager.Free(r->req.id()); });
-      book.Finished(At(*r), step);
-    }
+  // vLLM hands a running request's new blocks on, or None when no group got any.
+  void ScheduledRunning(const Request& r) {
+    digest_.Request(r.trace->id, new_blocks_.empty() ? nullptr : &new_blocks_);
   }
-}
-
-Status VllmReplayRun::RunStep(ReplayStep& step) {
-  watch.Run([&] { manager.NewStepStarts(); });
-  int64_t budget = o.token_budget;
-  scheduled.clear();
-  HKV_ASSIGN_OR_RETURN(const bool preempted, ScheduleRunning(step, budget));
-  if (!preempted) HKV_RETURN_IF_ERROR(Admit(step, budget));
-  if (!preempted && running.empty() && !waiting.empty()) {
-    const Live& r = *waiting.front();
+  Result<sim_internal::MaybeAdmission> TryAdmit(Request& r, int64_t budget);
+  // An admitted request's blocks are handed on whole.
+  void Admitted(const Request& r) {
+    watch_.Run([&] { new_blocks_ = manager_.GetBlockIds(r.req.id()); });
+    digest_.Request(r.trace->id, &new_blocks_);
+  }
+  Status DoesNotFit(const Request& r) const {
     return Status::ResourceExhausted(fmt::format(
         "replay: request {} ({} tokens) does not fit in vLLM's {} blocks even with nothing "
         "else running; give it more memory",
-        r.trace->id, r.req.num_tokens(), usable));
+        r.trace->id, r.req.num_tokens(), usable_));
   }
-  if (!running.empty()) {
-    watch.Run([&] { (void)manager.NumCommonPrefixBlocks(running.front()->req.id()); });
-  }
-
-  const vllm::PoolStats pool = manager.Stats();
-  step.blocks_used = usable - pool.num_free;
-  step.cached_blocks = pool.num_cached;
-  step.running = static_cast<int64_t>(running.size());
-  step.waiting = static_cast<int64_t>(waiting.size());
-
-  for (const Scheduled& sc : scheduled) {
-    sc.r->req.num_computed_tokens += sc.n;
-    step.scheduled_tokens += sc.n;
-  }
-  Outputs(step);
-  if (o.check_invariants) HKV_RETURN_IF_ERROR(manager.CheckInvariants());
-  book.EndStep(step, watch.Take());
-  return Status::Ok();
-}
-
-Status VllmReplayRun::Run() {
-  size_t next = 0;
-  int64_t s = 0;
-  while (next < reqs.size() || !waiting.empty() || !running.empty()) {
-    while (next < reqs.size() && reqs[next].trace->arrival_step <= s)
-      waiting.push_back(&reqs[next++]);
-    if (waiting.empty() && running.empty()) {
-      s = reqs[next].trace->arrival_step;
-      continue;
+  Status ReadStep(std::span<const Chunk>, const std::vector<Request*>& running, ReplayStep&) {
+    if (!running.empty()) {
+      watch_.Run([&] { (void)manager_.NumCommonPrefixBlocks(running.front()->req.id()); });
     }
-    ReplayStep step;
-    step.step = s;
-    HKV_RETURN_IF_ERROR(RunStep(step));
-    ++s;
+    return Status::Ok();
   }
-  return Status::Ok();
+  void CountBlocks(ReplayStep& step) const {
+    const vllm::PoolStats pool = manager_.Stats();
+    step.blocks_used = usable_ - pool.num_free;
+    step.cached_blocks = pool.num_cached;
+  }
+  // vLLM's blocks are cached as they are allocated: nothing to commit.
+  Status Commit(Request&, int64_t) { return Status::Ok(); }
+  Status Append(Request& r, int32_t token) {
+    r.req.AppendToken(token);
+    return Status::Ok();
+  }
+  Status Finish(Request& r) {
+    watch_.Run([&] { manager_.Free(r.req.id()); });
+    return Status::Ok();
+  }
+  Status CheckInvariants() const { return manager_.CheckInvariants(); }
+  double TakeManagerUs() { return watch_.Take(); }
+  uint64_t digest() const { return digest_.value(); }
+
+ private:
+  const ReplayOptions& o_;
+  vllm::KvCacheManager& manager_;
+  const bool split_;
+  const int32_t cache_block_;
+  const int64_t usable_;
+  vllm::GroupBlocks new_blocks_{};
+  BlockIdDigest digest_{};
+  sim_internal::Stopwatch watch_{};
+};
+
+// get_computed_blocks, then allocate_slots with the hit and, by default, the gate that requires
+// the whole prompt to fit.
+Result<sim_internal::MaybeAdmission> VllmDriven::TryAdmit(Request& r, int64_t budget) {
+  HKV_ASSIGN_OR_RETURN(const vllm::ComputedBlocks hit,
+                       watch_([&] { return manager_.GetComputedBlocks(r.req); }));
+  int64_t n = std::min(r.req.num_tokens() - hit.num_tokens, budget);
+  if (split_) {
+    n = MambaBlockAlignedSplit(r.req, n, cache_block_, hit.num_tokens);
+    if (n == 0) return sim_internal::MaybeAdmission();
+  }
+  vllm::AllocateArgs args;
+  args.num_new_tokens = n;
+  args.num_new_computed_tokens = hit.num_tokens;
+  args.new_computed = &hit;
+  args.full_sequence_must_fit = o_.reserve_full_prompt;
+  const Status st = watch_([&] { return manager_.AllocateSlots(r.req, args); });
+  if (st.code() == StatusCode::kResourceExhausted) return sim_internal::MaybeAdmission();
+  HKV_RETURN_IF_ERROR(st);
+  return sim_internal::MaybeAdmission({.n = n, .hit = hit.num_tokens});
 }
 
 }  // namespace
@@ -276,19 +203,16 @@ Result<ReplayReport> ReplayVllm(const Trace& trace, const vllm::KvCacheConfig& c
   sim_internal::ReplayBook book(trace, o);
   ReplayReport& report = book.report();
   report.num_blocks = config.usable_blocks();
-  VllmReplayRun run{.o = o,
-                    .manager = manager,
-                    .book = book,
-                    .split = config.mamba_block_aligned_split(),
-                    .cache_block = config.cache_block_size,
-                    .usable = config.usable_blocks()};
-  run.reqs.reserve(trace.size());
+  std::vector<VllmDriven::Request> reqs;
+  reqs.reserve(trace.size());
   for (size_t i = 0; i < trace.size(); ++i) {
-    run.reqs.push_back(Live{&trace[i], vllm::Request(static_cast<vllm::RequestId>(i),
-                                                     trace[i].prompt, config.hash_block_size)});
+    reqs.push_back({&trace[i], vllm::Request(static_cast<vllm::RequestId>(i), trace[i].prompt,
+                                             config.hash_block_size)});
   }
-  HKV_RETURN_IF_ERROR(run.Run());
-  report.block_id_digest = run.digest.value();
+  VllmDriven driven(config, o, manager);
+  sim_internal::StepLoop loop(o, book, driven, std::move(reqs));
+  HKV_RETURN_IF_ERROR(loop.Run());
+  report.block_id_digest = driven.digest();
   return book.Finish();
 }
 

@@ -158,6 +158,35 @@ class EngineRefusals : public ::testing::Test {
   ManagerConfig config_;
 };
 
+// Engine is a handle on state kept out of its public header: moved (constructed or assigned)
+// mid-run, it carries on where it stopped, and what it generates still matches dense.
+using EngineHandle = EngineRefusals;
+TEST_F(EngineHandle, AMovedEngineCarriesOn) {
+  auto first = Engine::Create(spec_, weights_, plan_, config_, {}).value();
+  GenerationRequest r;
+  r.id = 1;
+  r.prompt = {5, 9, 2, 7, 7, 1, 3, 8, 4, 6, 2};
+  r.max_new_tokens = 6;
+  ASSERT_TRUE(first->Submit(r).ok());
+  ASSERT_TRUE(first->Step().ok());
+  Engine moved(std::move(*first));
+  ASSERT_FALSE(moved.idle());
+  r.id = 2;
+  ASSERT_TRUE(moved.Submit(r).ok());
+  ASSERT_TRUE(moved.Step().ok());
+  auto assigned = Engine::Create(spec_, weights_, plan_, config_, {}).value();
+  *assigned = std::move(moved);
+  for (int i = 0; i < 100 && !assigned->idle(); ++i)
+    ASSERT_TRUE(assigned->Step().ok());
+  ASSERT_EQ(assigned->finished().size(), 2u);
+  for (const Sequence& seq : assigned->finished()) {
+    const DenseCheck c = CheckAgainstDense(spec_, weights_, seq);
+    EXPECT_EQ(c.mismatches, 0) << "request " << seq.id;
+  }
+  EXPECT_GT(assigned->counters().prefix_hit_tokens, 0);
+  EXPECT_TRUE(assigned->manager().CheckInvariants().ok());
+}
+
 TEST_F(EngineRefusals, EachBadOptionIsNamed) {
   const auto refused = [&](void (*edit)(EngineOptions&), const std::string& what) {
     EngineOptions o;

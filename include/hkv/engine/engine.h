@@ -24,19 +24,16 @@
 #pragma once
 
 #include <cstdint>
-#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
 #include <vector>
 
 #include <hkv/common/result.h>
-#include <hkv/common/splitmix64.h>
 #include <hkv/connector/block_memory_view.h>
 #include <hkv/connector/kv_events.h>
 #include <hkv/connector/tier_connector.h>
 #include <hkv/engine/masked_reference.h>
-#include <hkv/engine/paged_kv_cache.h>
 #include <hkv/engine/tiny_model.h>
 #include <hkv/engine/transformer.h>
 #include <hkv/manager/kv_cache_manager.h>
@@ -173,136 +170,30 @@ class Engine {
   static Result<std::unique_ptr<Engine>> Create(const ModelSpec& spec, const ModelWeights& weights,
                                                 const Plan& plan, const ManagerConfig& config,
                                                 const EngineOptions& options);
+  // Movable; a moved-from engine may only be destroyed or assigned to.
+  Engine(Engine&&) noexcept;
+  Engine& operator=(Engine&&) noexcept;
+  ~Engine();
 
   Status Submit(const GenerationRequest& request);
   // One scheduler step. Fails only on an internal error (a manager refusal that the scheduler
   // did not expect, or a paged-cache addressing failure).
   Status Step();
-  bool idle() const { return running_.empty() && waiting_.empty(); }
+  bool idle() const;
 
   // Sequences that finished, in finishing order; their requests are freed.
-  const std::vector<Sequence>& finished() const { return finished_; }
-  const EngineCounters& counters() const { return counters_; }
-  const KvCacheManager& manager() const { return *manager_; }
+  const std::vector<Sequence>& finished() const;
+  const EngineCounters& counters() const;
+  const KvCacheManager& manager() const;
   // With EngineOptions::offload: the connector (its stats), and the memory view it moves blocks
   // through; null otherwise.
-  const TierConnector* connector() const { return connector_.get(); }
-  const BlockMemoryView* memory_view() const { return view_.get(); }
+  const TierConnector* connector() const;
+  const BlockMemoryView* memory_view() const;
 
  private:
-  // A sparse layer's policy and the positions the layer holds, ascending. Copies clone the
-  // policy: a forked sibling continues from its parent's decisions.
-  struct SparseLayerState {
-    std::unique_ptr<KvPolicy> policy;
-    std::vector<int64_t> kept;
-    int64_t shown = 0;  // leading slots whose rows the policy was given (WantsKeys)
-    SparseLayerState() = default;
-    SparseLayerState(const SparseLayerState& o)
-        : policy(o.policy ? o.policy->Clone() : nullptr), kept(o.kept), shown(o.shown) {}
-    SparseLayerState& operator=(const SparseLayerState& o) {
-      policy = o.policy ? o.policy->Clone() : nullptr;
-      kept = o.kept;
-      shown = o.shown;
-      return *this;
-    }
-    SparseLayerState(SparseLayerState&&) = default;
-    SparseLayerState& operator=(SparseLayerState&&) = default;
-  };
-  struct Live {
-    Sequence seq;
-    std::vector<SparseLayerState> sparse;  // per Engine::sparse_layers_
-    int32_t max_new_tokens = 0;
-    int32_t num_samples = 1;
-    SplitMix64 rng{0};
-    bool prefilled = false;  // prompt computed (at least once; recompute after preemption
-                             // doesn't fork again)
-    bool forked = false;
-    bool started = false;  // first Allocate done (Lookup no longer allowed)
-    PrefixHit pending;     // the hit found at admission, for the first Allocate
-    bool loading = false;  // the first step's hit blocks are loading from the tiers
-    // The drafts of the step that is waiting for its loads (a restarted request's first step can
-    // be a speculative decode step), verified when it runs.
-    std::vector<int32_t> load_drafts;
-    bool local_only = false;  // a load failed: look up without the tiers from now on
-  };
-  Engine(const ModelSpec& spec, const ModelWeights& weights, KvCacheManager manager,
-         PagedKvCache cache, const EngineOptions& options);
-
-  Status Admit(Live& r);
-  // Step's parts: admission from the waiting queue, then one running request's step within the
-  // step's token budget (`executed` counts the requests whose step ran).
-  Status AdmitWaiting();
-  Status StepRequest(Live* r, int64_t& budget, int64_t& executed);
-  // Runs one step of `r`, which has `computed` positions, over `n` new tokens (drafts appended
-  // to `tokens` beyond the known ones when speculative). Returns false when blocks ran out and
-  // someone was preempted.
-  Result<bool> RunStep(Live& r, int64_t computed, int64_t n, const std::vector<int32_t>& drafts);
-  Status Preempt(const Live* victim);
-  // Runs the open step of `r` (allocated by RunStep); the tokens it computed.
-  Result<int64_t> Execute(Live& r, const std::vector<int32_t>& drafts);
-  // Execute's forward pass over the open step: the logits of its positions, vocab per row.
-  Result<std::vector<float>> ForwardStep(Live& r, const StepInfo& step,
-                                         const std::vector<int32_t>& drafts);
-  // Execute's commit of positions up to `commit_at` of a step ending at `end`; every other
-  // shortened step commits whole first and truncates, to exercise Truncate.
-  Status CommitStep(RequestId id, int64_t end, int64_t commit_at);
-  // Offload: ends `r`'s load (FinishLoad); whether the blocks arrived.
-  Result<bool> EndLoad(Live& r, bool loaded);
-  // Frees `r` if it generated everything it should.
-  Status MaybeFinish(Live* r);
-  Status FinishOrSample(Live& r, const std::vector<float>& last_logits, int64_t pos);
-  int32_t Sample(Live& r, std::span<const float> logits, int64_t pos);
-  int64_t WindowNulls(RequestId id) const;
-  Status AfterManagerCall();
-  // The tokens request `id` knows (running, waiting or finished); empty if none is.
-  std::span<const int32_t> KnownTokens(RequestId id) const;
-  // The compaction policy, at the start of a step.
-  Status MaybeCompact();
-  // Sparse KV (sparse_kv.cc). StartSparse: fresh policies for a request starting over at `hit`.
-  // PrepareSparse: the slots each sparse layer reads in the step [begin, end). FinishSparse: after
-  // the step's Commit, feeds the policies and evicts what they drop.
-  Status StartSparse(Live& r, int64_t hit);
-  void PrepareSparse(Live& r, int64_t begin, int64_t end, PagedKvCache::StepView& view);
-  // After the pass: the rows not yet shown to policies that rank by keys (WantsKeys).
-  void ShowWritten(Live& r, PagedKvCache::StepView& view);
-  Status FinishSparse(Live& r, int64_t begin, int64_t end);
-  // FinishSparse's parts: the policies' selections, then per sparse group its eviction.
-  void ObserveSparse(Live& r, int64_t begin, int64_t end);
-  Status FinishSparseGroup(Live& r, int32_t g);
-  Result<bool> EvictSparseGroup(RequestId id, int32_t g, int64_t keep, int64_t held,
-                                int64_t unchanged);
-
-  const ModelSpec& spec_;
-  const ModelWeights& weights_;
-  std::unique_ptr<KvCacheManager> manager_;
-  PagedKvCache cache_;
-  // Offload; declared after the cache so the connector's worker stops before the memory goes.
-  std::unique_ptr<BlockMemoryView> view_;
-  std::unique_ptr<TierConnector> connector_;
-  EngineOptions options_;
-  std::deque<std::unique_ptr<Live>> waiting_;
-  std::vector<std::unique_ptr<Live>> running_;
-  std::vector<Sequence> finished_;
-  EngineCounters counters_;
-  bool has_state_ = false;
-  int64_t truncate_toggle_ = 0;
-  bool preempted_this_step_ = false;
-  bool refused_since_compaction_ = false;  // an Allocate ran out of memory since the last step
-  std::vector<int64_t> compact_limits_;    // MaybeCompact: slabs per class (0: not due)
-  // Sparse KV: the layers policies run on (ModelSpec::layers index, manager group, KV heads of
-  // the feedback), and per-step scratch, one entry per such layer.
-  struct SparseLayer {
-    int32_t layer = 0, group = 0, kv_heads = 0;
-    int32_t key_width = 0, value_width = 0;  // floats per cached row (value 0: MLA)
-  };
-  std::vector<SparseLayer> sparse_layers_;
-  std::vector<int32_t> sparse_groups_;
-  std::vector<std::vector<int64_t>> step_positions_;
-  std::vector<std::vector<float>> step_feedback_;
-  std::vector<SlotView> step_views_;
-  std::vector<std::vector<int32_t>> step_keep_;
-  std::vector<int32_t> old_table_;
-  std::vector<float> shown_keys_, shown_values_;
+  struct Impl;  // src/engine/engine_impl.h
+  explicit Engine(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
 };
 
 // Compares a finished sequence with the dense reference: logits of every computed position
