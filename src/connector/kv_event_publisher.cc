@@ -160,8 +160,8 @@ Status KvEventPublisher::Publish(std::span<const ManagerEvent> events,
   unsigned char seq_bytes[8];
   BigEndian(seq, seq_bytes);
   const bool sent = SendParts(st.pub, {{st.options.topic.data(), st.options.topic.size()},
-                                     {seq_bytes, 8},
-                                     {payload.data(), payload.size()}});
+                                       {seq_bytes, 8},
+                                       {payload.data(), payload.size()}});
   if (st.replay != nullptr) {
     std::lock_guard lock(st.mu);
     st.buffer.emplace_back(seq, std::move(payload));

@@ -321,9 +321,9 @@ Result<Allocator> MakeAllocator(const ModelSpec& model, AllocatorMode mode,
   if (o.memory_bytes < 1) return at_least_one("memory", o.memory_bytes);
   if (o.max_model_len < 1) return at_least_one("max_model_len", o.max_model_len);
   if (o.seq_tokens < 0 || o.seq_tokens > o.max_model_len) {
-    return Status::InvalidArgument(fmt::format(
-        "allocator: seq_tokens {}: expected 0 to max_model_len ({})", o.seq_tokens,
-        o.max_model_len));
+    return Status::InvalidArgument(
+        fmt::format("allocator: seq_tokens {}: expected 0 to max_model_len ({})", o.seq_tokens,
+                    o.max_model_len));
   }
   HKV_ASSIGN_OR_RETURN(Allocator a, MakeAllocatorUnchecked(model, mode, o));
   int64_t blocks = 0;

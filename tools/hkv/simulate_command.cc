@@ -91,7 +91,7 @@ Result<Inputs> Prepare(const SimulateArgs& args) {
   for (const TraceRequest& r : in.trace)
     tokens += static_cast<int64_t>(r.prompt.size()) + r.output_len;
   in.alloc.seq_tokens = std::clamp<int64_t>(tokens / static_cast<int64_t>(in.trace.size()), 1,
-                                                 std::max<int64_t>(args.max_model_len, 1));
+                                            std::max<int64_t>(args.max_model_len, 1));
   return in;
 }
 

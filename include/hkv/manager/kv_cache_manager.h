@@ -203,7 +203,7 @@ class KvCacheManager {
 
   // Request facts.
   bool Contains(RequestId id) const;
-  Result<int64_t> NumTokens(RequestId id) const;    // known tokens
+  Result<int64_t> NumTokens(RequestId id) const;  // known tokens
   // The tokens the request knows (prompt and appended), valid until the next call that changes
   // the request. What a stored event's blocks hold: KV events take their token ids from here
   // while the request is live (events are taken after the call that published them).
