@@ -239,23 +239,9 @@ Status Engine::Impl::AfterManagerCall() {
   // Published blocks are exported now, before any later call can hand them out again.
   if (connector_ && options_.offload->store) HKV_RETURN_IF_ERROR(connector_->Store(events));
   if (options_.kv_events != nullptr) {
-    HKV_RETURN_IF_ERROR(
-        options_.kv_events->Publish(events, [this](RequestId id) { return KnownTokens(id); }));
+    HKV_RETURN_IF_ERROR(options_.kv_events->Publish(events, TokensOf(*manager_)));
   }
   return Status::Ok();
-}
-
-std::span<const int32_t> Engine::Impl::KnownTokens(RequestId id) const {
-  for (const auto& r : running_) {
-    if (r->seq.id == id) return r->seq.tokens;
-  }
-  for (const auto& r : waiting_) {
-    if (r->seq.id == id) return r->seq.tokens;
-  }
-  for (auto it = finished_.rbegin(); it != finished_.rend(); ++it) {
-    if (it->id == id) return it->tokens;
-  }
-  return {};
 }
 
 Status Engine::Impl::MaybeCompact() {

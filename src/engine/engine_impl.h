@@ -94,8 +94,6 @@ struct Engine::Impl {
   int32_t Sample(Live& r, std::span<const float> logits, int64_t pos);
   int64_t WindowNulls(RequestId id) const;
   Status AfterManagerCall();
-  // The tokens request `id` knows (running, waiting or finished); empty if none is.
-  std::span<const int32_t> KnownTokens(RequestId id) const;
   // The compaction policy, at the start of a step.
   Status MaybeCompact();
   // Sparse KV (sparse_kv.cc). StartSparse: fresh policies for a request starting over at `hit`.

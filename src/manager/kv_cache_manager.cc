@@ -260,6 +260,7 @@ Status KvCacheManager::Free(RequestId id) {
     return Status::NotFound(
         fmt::format("free: unknown request {} (never added, or already freed)", id));
   }
+  if (m.config.record_events) m.freed_tokens.emplace_back(id, r->tokens);
   m.FreeRequest(*r);
   const int32_t slot = m.index.Find(id);
   m.index.Erase(id);
@@ -489,9 +490,14 @@ Result<int64_t> KvCacheManager::NumTokens(RequestId id) const {
 }
 
 Result<std::span<const int32_t>> KvCacheManager::Tokens(RequestId id) const {
-  const Request* r = impl_->Find(id);
-  if (r == nullptr) return impl_->Unknown("tokens", id);
-  return std::span<const int32_t>(r->tokens);
+  const Impl& m = *impl_;
+  if (const Request* r = m.Find(id)) return std::span<const int32_t>(r->tokens);
+  for (const auto* list : {&m.freed_tokens, &m.taken_freed_tokens}) {
+    for (auto it = list->rbegin(); it != list->rend(); ++it) {
+      if (it->first == id) return std::span<const int32_t>(it->second);
+    }
+  }
+  return m.Unknown("tokens", id);
 }
 
 Result<int64_t> KvCacheManager::NumComputed(RequestId id) const {
@@ -519,6 +525,8 @@ PoolUsage KvCacheManager::Usage(int32_t pool) const {
 }
 
 std::vector<ManagerEvent> KvCacheManager::TakeEvents() {
+  impl_->taken_freed_tokens = std::move(impl_->freed_tokens);
+  impl_->freed_tokens.clear();
   std::vector<ManagerEvent> out;
   for (size_t p = 0; p < impl_->core.pools.size(); ++p) {
     for (const KvEvent& e : impl_->core.pools[p].TakeEvents()) {

@@ -111,7 +111,11 @@ struct KvCacheManager::Impl {
 
   // Allocate's plan, reused.
   manager_internal::HitPlan hit_plan;
-  std::vector<int64_t> positions;                             // snapshot positions of the step
+  std::vector<int64_t> positions;  // snapshot positions of the step
+  // With events recorded: the tokens of requests freed since the last TakeEvents (Free publishes
+  // final states), and of those freed before it, which the events it returned may name; Tokens
+  // answers from them once a request is gone.
+  std::vector<std::pair<RequestId, std::vector<int32_t>>> freed_tokens, taken_freed_tokens;
   std::vector<manager_internal::GivenBack> given_back;        // GiveBackBranchWindows' releases
   std::vector<std::pair<size_t, int64_t>> given_back_branch;  // slot, window_branch it had
   std::vector<std::pair<int64_t, int32_t>> release_order;     // (block end position, block)

@@ -1,5 +1,6 @@
 // KV events: the manager's events in vLLM's wire format, decoded back here with msgpack, and the
 // ZeroMQ publisher's sequence numbers, replay and refusals.
+#include <algorithm>
 #include <map>
 #include <string>
 
@@ -148,6 +149,42 @@ int64_t Seq(const std::string& s) {
   for (unsigned char c : s)
     u = (u << 8) | c;
   return static_cast<int64_t>(u);
+}
+
+TEST(KvEventTest, TheManagerNamesAFreedRequestsTokensForTheEventsOfItsFree) {
+  // Free publishes the final state; its event is taken after the request is gone, and the
+  // manager still names the request's tokens until the TakeEvents after that one.
+  KvCacheManager m = KvCacheManager::Create(Config()).value();
+  std::vector<int32_t> prompt;
+  for (int32_t i = 0; i < 21; ++i)
+    prompt.push_back(500 + i);
+  RequestSpec spec;
+  spec.id = 42;
+  spec.prompt = prompt;
+  ASSERT_TRUE(m.AddRequest(spec).ok());
+  ASSERT_TRUE(m.Allocate(42, 21).ok());
+  ASSERT_TRUE(m.Commit(42, 21).ok());
+  ASSERT_TRUE(m.AppendTokens(42, std::vector<int32_t>{600, 601, 602}).ok());
+  ASSERT_TRUE(m.Allocate(42, 3).ok());
+  ASSERT_TRUE(m.Commit(42, 24).ok());
+  m.TakeEvents();
+  ASSERT_TRUE(m.Free(42).ok());
+  const std::vector<ManagerEvent> at_free = m.TakeEvents();
+  const auto final_state = std::find_if(at_free.begin(), at_free.end(), [](const ManagerEvent& e) {
+    return e.kind == KvEvent::Kind::kStored && e.group == 2 && e.position == 24;
+  });
+  ASSERT_NE(final_state, at_free.end());
+  ASSERT_EQ(m.Tokens(42).value().size(), 24u);
+  EXPECT_EQ(m.Tokens(42).value()[23], 602);
+  // Encoded from the manager's record, the checkpoint carries its whole prefix.
+  const std::vector<unsigned char> payload =
+      EncodeKvEventBatch({&*final_state, 1}, kGroups, TokensOf(m), KvEventEncoding{}, 1.0).value();
+  const msgpack::object_handle h =
+      msgpack::unpack(reinterpret_cast<const char*>(payload.data()), payload.size());
+  auto f = Fields(h.get().via.array.ptr[1].via.array.ptr[0]);
+  EXPECT_EQ(f["token_ids"].as<std::vector<int32_t>>().size(), 24u);
+  m.TakeEvents();
+  EXPECT_EQ(m.Tokens(42).status().code(), StatusCode::kNotFound);
 }
 
 TEST(KvEventTest, SubscribersGetNumberedBatchesAndCanReplayWhatTheyMissed) {

@@ -205,8 +205,9 @@ class KvCacheManager {
   bool Contains(RequestId id) const;
   Result<int64_t> NumTokens(RequestId id) const;  // known tokens
   // The tokens the request knows (prompt and appended), valid until the next call that changes
-  // the request. What a stored event's blocks hold: KV events take their token ids from here
-  // while the request is live (events are taken after the call that published them).
+  // the request. What a stored event's blocks hold: KV events take their token ids from here.
+  // With events recorded, a freed request's tokens stay until the TakeEvents after the next one
+  // (Free publishes final states; the events naming them are taken after it).
   Result<std::span<const int32_t>> Tokens(RequestId id) const;
   Result<int64_t> NumComputed(RequestId id) const;  // positions with valid KV and state
   int32_t num_requests() const;
