@@ -20,7 +20,8 @@ case $step in
 install)
   rm -rf "$prefix"
   cmake --install "$build" --prefix "$prefix" >/dev/null
-  libdir=$(ls -d "$prefix"/lib*/ | head -1)
+  libdirs=("$prefix"/lib*/)
+  libdir=${libdirs[0]}
   # Shared libraries carry the SONAME; the static ones are there too.
   soname=$(objdump -p "$libdir/libhkv_manager.so" | awk '/SONAME/ {print $2}')
   major_minor=${version%.*}
@@ -36,8 +37,12 @@ cmake)
     -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=Release >/dev/null
   cmake --build "$work/cmake" >/dev/null
   # The shared build must load the installed libraries, the static one none of them.
-  ldd "$work/cmake/manager_step" | grep -q "$prefix/.*libhkv_manager.so"
-  if ldd "$work/cmake/manager_step_static" | grep -q libhkv_; then
+  # ldd's output is read whole before grep looks at it: with pipefail, `ldd | grep -q` fails at
+  # random when grep exits at its first match and ldd, still writing, dies of SIGPIPE.
+  libs=$(ldd "$work/cmake/manager_step")
+  grep -q "$prefix/.*libhkv_manager.so" <<<"$libs"
+  libs=$(ldd "$work/cmake/manager_step_static")
+  if grep -q libhkv_ <<<"$libs"; then
     echo "manager_step_static loads a hybridkv shared library" >&2
     exit 1
   fi
@@ -100,7 +105,8 @@ pkgconfig)
   cp -a "$prefix" "$work/moved"
   prefix=$work/moved models=$work/moved/share/hybridkv/models
   export PKG_CONFIG_PATH
-  PKG_CONFIG_PATH=$(ls -d "$prefix"/lib*/pkgconfig | head -1)
+  pcdirs=("$prefix"/lib*/pkgconfig)
+  PKG_CONFIG_PATH=${pcdirs[0]}
   [ "$(pkg-config --modversion hybridkv)" = "$version" ]
   libdir=$(pkg-config --variable=libdir hybridkv)
   mkdir -p "$work/pc"
@@ -110,7 +116,8 @@ pkgconfig)
   # shellcheck disable=SC2046
   g++ -std=c++20 -O1 -DMODELS_DIR="\"$models\"" "$src/tests/install/consumer/engine_verify.cc" \
     -o "$work/pc/engine_verify" $(pkg-config --cflags --libs hybridkv-engine) -Wl,-rpath,"$libdir"
-  ldd "$work/pc/manager_step" | grep -q "$prefix/.*libhkv_manager.so"
+  libs=$(ldd "$work/pc/manager_step")
+  grep -q "$prefix/.*libhkv_manager.so" <<<"$libs"
   "$work/pc/manager_step"
   "$work/pc/engine_verify"
   ;;
