@@ -480,25 +480,68 @@ void BindStepViews(ManagerClass& cls) {
 // Per-step deltas: an engine that keeps tables on its side copies only what changed.
 void BindTableDeltas(ManagerClass& cls) {
   cls.def(
-      "take_table_delta",
-      [](Manager& self, uint64_t id, int32_t group) {
-        // Copied under the lock (which runs without the GIL); the array is made after it.
-        int32_t size = 0, from = 0;
-        std::vector<int32_t> changed;
-        self.Locked([&](KvCacheManager& mgr) {
-          const TableDelta d = Value(mgr.TakeTableDelta(id, group));
-          size = d.size;
-          from = d.from;
-          changed.assign(d.blocks.begin(), d.blocks.end());
-        });
-        py::array_t<int32_t> blocks(static_cast<py::ssize_t>(changed.size()));
-        std::copy(changed.begin(), changed.end(), blocks.mutable_data());
-        return py::make_tuple(size, from, blocks);
-      },
-      py::arg("id"), py::arg("group"),
-      "What changed in a token or encoder group's block table since it was last taken: "
-      "(size, from, blocks) - the table now has `size` entries and entries [from, size) are "
-      "`blocks` (an int32 array); the first call gives the whole table. Marks the table taken.");
+         "take_table_delta",
+         [](Manager& self, uint64_t id, int32_t group) {
+           // Copied under the lock (which runs without the GIL); the array is made after it.
+           int32_t size = 0, from = 0;
+           std::vector<int32_t> changed;
+           self.Locked([&](KvCacheManager& mgr) {
+             const TableDelta d = Value(mgr.TakeTableDelta(id, group));
+             size = d.size;
+             from = d.from;
+             changed.assign(d.blocks.begin(), d.blocks.end());
+           });
+           py::array_t<int32_t> blocks(static_cast<py::ssize_t>(changed.size()));
+           std::copy(changed.begin(), changed.end(), blocks.mutable_data());
+           return py::make_tuple(size, from, blocks);
+         },
+         py::arg("id"), py::arg("group"),
+         "What changed in a token or encoder group's block table since it was last taken: "
+         "(size, from, blocks) - the table now has `size` entries and entries [from, size) are "
+         "`blocks` (an int32 array); the first call gives the whole table. Marks the table taken.")
+      .def(
+          "take_step_inputs",
+          [](Manager& self, uint64_t id) {
+            // Python objects are built from the manager's memory, so under Hold (GIL kept).
+            auto lock = self.Hold();
+            StepInputs in;
+            Check(self.raw().TakeStepInputs(id, in));
+            const ManagerConfig& c = self.raw().config();
+            py::list tables, states;
+            for (size_t g = 0; g < c.groups.size(); ++g) {
+              if (c.groups[g].is_state()) {
+                tables.append(py::none());
+                py::list snaps;
+                for (const StateSnapshot& x : in.states[g].snapshots)
+                  snaps.append(py::make_tuple(x.position, x.slot));
+                py::dict d;
+                d["read"] = in.states[g].read;
+                d["write"] = in.states[g].write;
+                d["snapshots"] = snaps;
+                states.append(d);
+                continue;
+              }
+              const TableDelta& t = in.tables[g];
+              py::array_t<int32_t> blocks(static_cast<py::ssize_t>(t.blocks.size()));
+              std::copy(t.blocks.begin(), t.blocks.end(), blocks.mutable_data());
+              tables.append(py::make_tuple(t.size, t.from, blocks));
+              states.append(py::none());
+            }
+            py::array_t<int64_t> slots(static_cast<py::ssize_t>(in.slots.size()));
+            std::copy(in.slots.begin(), in.slots.end(), slots.mutable_data());
+            py::dict out;
+            out["step"] = StepDict(in.step);
+            out["tables"] = tables;
+            out["states"] = states;
+            out["slots"] = slots;
+            return out;
+          },
+          py::arg("id"),
+          "Everything an engine needs for a request's open step, in one call: {'step': as step(), "
+          "'tables': per group (size, from, blocks) as take_table_delta (None for a state "
+          "group), 'states': per group a state() dict (None for a token group), 'slots': the "
+          "int64 slots of the step's positions in every decoder token group, one group after "
+          "the other}. Marks the tables taken.");
 }
 
 // Batched per-step calls: one Python call per step instead of one per request.

@@ -395,6 +395,41 @@ def test_recurrent_state_slots(bamba):
     mgr.check_invariants()
 
 
+def test_step_inputs_in_one_call_match_the_per_request_views(bamba):
+    cfg = hybridkv.make_allocator(bamba, "hybridkv", memory="4GiB").config
+    kinds = [g.kind for g in cfg.groups]
+    mgr = hybridkv.KvCacheManager(cfg)
+    mgr.add_request(1, np.arange(40, dtype=np.int32))
+    mgr.allocate(1, 40)
+    got = mgr.take_step_inputs(1)
+    assert got["step"]["begin"] == 0 and got["step"]["end"] == 40
+    slots = []
+    for g, kind in enumerate(kinds):
+        if kind == "state":
+            assert got["tables"][g] is None
+            assert got["states"][g] == mgr.state(1, g)
+            continue
+        size, start, blocks = got["tables"][g]
+        assert (size, start) == (len(mgr.block_table(1, g)), 0)
+        assert list(blocks) == list(mgr.block_table(1, g)) and got["states"][g] is None
+        if kind != "encoder":
+            slots += list(mgr.slot_mapping(1, g, 0, 40))
+    assert got["slots"].dtype == np.int64 and list(got["slots"]) == slots
+    mgr.commit(1, 40)
+    mgr.append_tokens(1, [5])
+    mgr.allocate(1, 1)
+    again = mgr.take_step_inputs(1)  # the tables were taken: only what changed since
+    for g, kind in enumerate(kinds):
+        if kind != "state":
+            size, start, blocks = again["tables"][g]
+            assert start == size - len(blocks) and start >= 1
+    with pytest.raises(hybridkv.NotFoundError):
+        mgr.take_step_inputs(9)
+    mgr.commit(1, 41)
+    with pytest.raises(hybridkv.FailedPreconditionError):
+        mgr.take_step_inputs(1)  # no open step
+
+
 def test_config_usage_and_stats_read_back(small):
     cfg = small.config
     assert cfg.pool_blocks == [9] and cfg.groups[0].block_tokens == 4
