@@ -152,6 +152,18 @@ py::tuple CompactionTuple(const CompactionResult& r) {
   return py::make_tuple(moves, r.slabs);
 }
 
+// A state group's slots for the open step. The caller holds the manager's lock.
+py::dict StateDict(const StateStep& s) {
+  py::list snaps;
+  for (const StateSnapshot& x : s.snapshots)
+    snaps.append(py::make_tuple(x.position, x.slot));
+  py::dict d;
+  d["read"] = s.read;
+  d["write"] = s.write;
+  d["snapshots"] = snaps;
+  return d;
+}
+
 // step's answer. The caller holds the manager's lock: the step may point into its memory.
 py::dict StepDict(const StepInfo& s) {
   py::array_t<int32_t> copies({static_cast<py::ssize_t>(s.copies.size()), py::ssize_t{3}});
@@ -462,15 +474,7 @@ void BindStepViews(ManagerClass& cls) {
           "state",
           [](const Manager& self, uint64_t id, int32_t group) {
             auto lock = self.Hold();
-            const StateStep s = Value(self.raw().State(id, group));
-            py::list snaps;
-            for (const StateSnapshot& x : s.snapshots)
-              snaps.append(py::make_tuple(x.position, x.slot));
-            py::dict d;
-            d["read"] = s.read;
-            d["write"] = s.write;
-            d["snapshots"] = snaps;
-            return d;
+            return StateDict(Value(self.raw().State(id, group)));
           },
           py::arg("id"), py::arg("group"),
           "A recurrent group's slots for the open step: {'read', 'write', 'snapshots'} with "
@@ -511,14 +515,7 @@ void BindTableDeltas(ManagerClass& cls) {
             for (size_t g = 0; g < c.groups.size(); ++g) {
               if (c.groups[g].is_state()) {
                 tables.append(py::none());
-                py::list snaps;
-                for (const StateSnapshot& x : in.states[g].snapshots)
-                  snaps.append(py::make_tuple(x.position, x.slot));
-                py::dict d;
-                d["read"] = in.states[g].read;
-                d["write"] = in.states[g].write;
-                d["snapshots"] = snaps;
-                states.append(d);
+                states.append(StateDict(in.states[g]));
                 continue;
               }
               const TableDelta& t = in.tables[g];

@@ -21,12 +21,8 @@ int64_t FullAttentionGroup::LookupBound(const Request& r, int64_t x, int64_t cap
     const BlockPool& bp = block_pool();
     const int64_t limit = cap / bs;
     cached_prefix_ = 0;
-    for (int64_t j = 0; j < std::min(limit, kFindAhead); ++j)
-      bp.PrefetchFind(Key(r, j));
-    while (cached_prefix_ < limit && core_.Available(bp, Key(r, cached_prefix_))) {
-      if (cached_prefix_ + kFindAhead < limit) bp.PrefetchFind(Key(r, cached_prefix_ + kFindAhead));
+    while (cached_prefix_ < limit && core_.Available(bp, Key(r, cached_prefix_)))
       ++cached_prefix_;
-    }
   }
   return std::min(x, cached_prefix_ * bs / core_.align * core_.align);
 }
@@ -37,12 +33,8 @@ bool FullAttentionGroup::BranchReach(const Request& r, int64_t cap, int64_t hit,
   const int64_t bs = block_tokens();
   const int64_t limit = cap / bs;
   int64_t m = 0;
-  for (int64_t j = 0; j < std::min(limit, kFindAhead); ++j)
-    bp.PrefetchFind(Key(r, j));
-  while (m < limit && bp.Find(Key(r, m)) >= 0) {
-    if (m + kFindAhead < limit) bp.PrefetchFind(Key(r, m + kFindAhead));
+  while (m < limit && bp.Find(Key(r, m)) >= 0)
     ++m;
-  }
   reach = std::min(reach, m * bs);
   if (held) {
     const int32_t last = bp.Find(Key(r, hit / bs - 1));

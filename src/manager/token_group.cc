@@ -23,11 +23,15 @@ bool TokenGroup::StepIsFree(const Request& r, const StepPlan& s) const {
   const TokenSlot& ts = slot_at(r.slot);
   const int64_t bs = block_tokens();
   if (CeilDiv(s.reserve - ts.evicted, bs) > static_cast<int64_t>(ts.table.size())) return false;
-  if ((s.begin - ts.evicted) % bs == 0) return true;
-  // The step writes into the block it started in: free only when no copy-on-write is due.
+  return !CopyDue(ts, s.begin);
+}
+
+bool TokenGroup::CopyDue(const TokenSlot& ts, int64_t begin) const {
+  const int64_t bs = block_tokens();
+  if ((begin - ts.evicted) % bs == 0) return false;
   const BlockPool& bp = block_pool();
-  const int32_t b = ts.table[static_cast<size_t>((s.begin - ts.evicted) / bs)];
-  return bp.ref_count(b) <= 1 && !bp.has_identity(b);
+  const int32_t b = ts.table[static_cast<size_t>((begin - ts.evicted) / bs)];
+  return bp.ref_count(b) > 1 || bp.has_identity(b);
 }
 
 Status TokenGroup::PlanStep(const Request& r, const StepPlan& s, HitPlan& hp, int64_t& need) const {
@@ -54,10 +58,7 @@ Status TokenGroup::PlanStep(const Request& r, const StepPlan& s, HitPlan& hp, in
   }
   // After Evict the table indexes slots: position p sits in slot p - evicted.
   need += std::max<int64_t>(0, CeilDiv(s.reserve - ts.evicted, bs) - have);
-  if (s.started && (s.begin - ts.evicted) % bs != 0) {
-    const int32_t b = ts.table[static_cast<size_t>((s.begin - ts.evicted) / bs)];
-    if (bp.ref_count(b) > 1 || bp.has_identity(b)) ++need;  // copy-on-write
-  }
+  if (s.started && CopyDue(ts, s.begin)) ++need;
   return Status::Ok();
 }
 
@@ -90,18 +91,14 @@ void TokenGroup::PlaceLoad(Request& r, int64_t index, int32_t block) {
 }
 
 void TokenGroup::ApplyStep(Request& r, const StepPlan& s) {
-  BlockPool& bp = block_pool();
   TokenSlot& ts = slot_at(r.slot);
   const int64_t bs = block_tokens();
-  if (s.started && (s.begin - ts.evicted) % bs != 0) {
+  if (s.started && CopyDue(ts, s.begin)) {
     const auto k = static_cast<size_t>((s.begin - ts.evicted) / bs);
-    int32_t& b = ts.table[k];
-    if (bp.ref_count(b) > 1 || bp.has_identity(b)) {
-      const int32_t copy = core_.AllocateReserved(pool(), 1)[0];
-      r.copies.push_back({group_, b, copy});
-      b = copy;
-      ts.Touch(k);
-    }
+    const int32_t copy = core_.AllocateReserved(pool(), 1)[0];
+    r.copies.push_back({group_, ts.table[k], copy});
+    ts.table[k] = copy;
+    ts.Touch(k);
   }
   const int64_t want = CeilDiv(s.reserve - ts.evicted, bs) - static_cast<int64_t>(ts.table.size());
   if (want > 0) {

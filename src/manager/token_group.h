@@ -26,14 +26,9 @@ struct TokenSlot {
   int64_t evicted = 0;
   // Entries before this are as the engine last took them (TakeDelta).
   int32_t dirty_from = 0;
-  // Window/chunk: the block each entry held when it left, so that Free finds a released block
-  // still cached without probing the prefix index. A hint: used only while the block still
-  // carries the entry's identity, when the index would answer the same block.
-  std::vector<int32_t> left;
 
   void Clear() {
     table.clear();
-    left.clear();
     num_published = 0;
     release_from = 0;
     evicted = 0;
@@ -83,6 +78,10 @@ class TokenGroup : public GroupManager {
   // Releases the whole table, tail first, so the free list evicts a request's tail before its
   // head; then forgets the record.
   void ReleaseTable(Request& r);
+
+  // Whether a step from `begin` writes into a block it must copy first: `begin` is inside a
+  // block that is shared or published (PlanStep counts it, ApplyStep makes it).
+  bool CopyDue(const TokenSlot& ts, int64_t begin) const;
 
   std::vector<TokenSlot> slots_;
 };
@@ -138,21 +137,12 @@ class WindowGroup final : public TokenGroup {
   using TokenGroup::TokenGroup;
 
   NeededBlocks Needed(int64_t x) const override;
-  void BeginSearch() override { found_ = -1; }
   int64_t LookupBound(const Request& r, int64_t x, int64_t cap) override;
   int64_t TruncateBound(const Request& r, int64_t x, int64_t new_known) const override;
   void Commit(Request& r, int64_t computed, int64_t publish_limit) override;
   void CollectForRelease(Request& r, std::vector<std::pair<int64_t, int32_t>>& out) override;
   void GiveBackBranch(Request& q, std::vector<GivenBack>& out) override;
   void RestoreGivenBack(const GivenBack& g) override;
-
- private:
-  // Entry j leaves the table (its block was released): null it, and remember the block.
-  static void Leave(TokenSlot& ts, size_t j);
-
-  // The last bound this search found: the fixed point asks again at the bound the other groups
-  // agreed on, which is often this one, and its blocks need not be looked up twice.
-  int64_t found_ = -1;
 };
 
 }  // namespace hkv::manager_internal

@@ -23,11 +23,10 @@ NeededBlocks WindowGroup::Needed(int64_t x) const {
 }
 
 int64_t WindowGroup::LookupBound(const Request& r, int64_t x, int64_t) {
-  if (x == found_) return x;
   const BlockPool& bp = block_pool();
-  return found_ = ScanDown(
-             block_tokens(), x, core_.align, [&](int64_t at) { return Needed(at); },
-             [&](int64_t j) { return core_.Available(bp, Key(r, j)); });
+  return ScanDown(
+      block_tokens(), x, core_.align, [&](int64_t at) { return Needed(at); },
+      [&](int64_t j) { return core_.Available(bp, Key(r, j)); });
 }
 
 int64_t WindowGroup::TruncateBound(const Request& r, int64_t x, int64_t new_known) const {
@@ -47,12 +46,6 @@ int64_t WindowGroup::TruncateBound(const Request& r, int64_t x, int64_t new_know
       });
 }
 
-void WindowGroup::Leave(TokenSlot& ts, size_t j) {
-  if (ts.left.size() < ts.table.size()) ts.left.resize(ts.table.size(), BlockPool::kNullBlock);
-  ts.left[j] = ts.table[j];
-  ts.table[j] = BlockPool::kNullBlock;
-}
-
 void WindowGroup::Commit(Request& r, int64_t c, int64_t publish_limit) {
   TokenGroup::Commit(r, c, publish_limit);
   TokenSlot& ts = slot_at(r.slot);
@@ -69,7 +62,7 @@ void WindowGroup::Commit(Request& r, int64_t c, int64_t publish_limit) {
     int32_t& b = ts.table[static_cast<size_t>(j)];
     if (b == BlockPool::kNullBlock || (j >= branch.lo && j < branch.hi)) continue;
     to_release.push_back(b);
-    Leave(ts, static_cast<size_t>(j));
+    b = BlockPool::kNullBlock;
   }
   ts.release_from = std::max<int32_t>(ts.release_from, static_cast<int32_t>(nb.lo));
   std::reverse(to_release.begin(), to_release.end());
@@ -92,12 +85,7 @@ void WindowGroup::CollectForRelease(Request& r, std::vector<std::pair<int64_t, i
     if (b == BlockPool::kNullBlock && j < published) {
       // Released when it left the window; if it is still cached and nobody holds it, it
       // rejoins the eviction order at its position, next to the other groups' blocks.
-      const PrefixKey key = Key(r, static_cast<int64_t>(j));
-      const int32_t hint = j < ts.left.size() ? ts.left[j] : BlockPool::kNullBlock;
-      const int32_t cached =
-          hint > BlockPool::kNullBlock && bp.has_identity(hint) && bp.identity(hint) == key
-              ? hint
-              : bp.Find(key);
+      const int32_t cached = bp.Find(Key(r, static_cast<int64_t>(j)));
       if (cached <= BlockPool::kNullBlock || bp.ref_count(cached) != 0) continue;
       core_.AcquireHeld(pool(), cached);
       b = cached;
@@ -122,7 +110,7 @@ void WindowGroup::GiveBackBranch(Request& q, std::vector<GivenBack>& out) {
     if (b == BlockPool::kNullBlock) continue;
     out.push_back({static_cast<size_t>(q.slot), group_, static_cast<size_t>(j), b});
     core_.ReleaseOne(pool(), b, q.retention);
-    Leave(ts, static_cast<size_t>(j));
+    b = BlockPool::kNullBlock;
   }
 }
 

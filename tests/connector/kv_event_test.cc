@@ -37,17 +37,23 @@ std::map<std::string, msgpack::object> Fields(const msgpack::object& o) {
   return m;
 }
 
-TEST(KvEventTest, ABatchIsVllmsLayoutWithTheBlocksTokensAndGroups) {
-  KvCacheManager m = KvCacheManager::Create(Config()).value();
+// Request 42 computes a 21-token prompt (5 full blocks per token group, checkpoints).
+std::vector<int32_t> ComputePrompt(KvCacheManager& m) {
   std::vector<int32_t> prompt;
   for (int32_t i = 0; i < 21; ++i)
     prompt.push_back(500 + i);
   RequestSpec spec;
   spec.id = 42;
   spec.prompt = prompt;
-  ASSERT_TRUE(m.AddRequest(spec).ok());
-  ASSERT_TRUE(m.Allocate(42, 21).ok());
-  ASSERT_TRUE(m.Commit(42, 21).ok());
+  EXPECT_TRUE(m.AddRequest(spec).ok());
+  EXPECT_TRUE(m.Allocate(42, 21).ok());
+  EXPECT_TRUE(m.Commit(42, 21).ok());
+  return prompt;
+}
+
+TEST(KvEventTest, ABatchIsVllmsLayoutWithTheBlocksTokensAndGroups) {
+  KvCacheManager m = KvCacheManager::Create(Config()).value();
+  const std::vector<int32_t> prompt = ComputePrompt(m);
   const std::vector<ManagerEvent> events = m.TakeEvents();
   const RequestTokens tokens = [&](RequestId id) {
     return id == 42 ? std::span<const int32_t>(prompt) : std::span<const int32_t>{};
@@ -155,15 +161,7 @@ TEST(KvEventTest, TheManagerNamesAFreedRequestsTokensForTheEventsOfItsFree) {
   // Free publishes the final state; its event is taken after the request is gone, and the
   // manager still names the request's tokens until the TakeEvents after that one.
   KvCacheManager m = KvCacheManager::Create(Config()).value();
-  std::vector<int32_t> prompt;
-  for (int32_t i = 0; i < 21; ++i)
-    prompt.push_back(500 + i);
-  RequestSpec spec;
-  spec.id = 42;
-  spec.prompt = prompt;
-  ASSERT_TRUE(m.AddRequest(spec).ok());
-  ASSERT_TRUE(m.Allocate(42, 21).ok());
-  ASSERT_TRUE(m.Commit(42, 21).ok());
+  const std::vector<int32_t> prompt = ComputePrompt(m);
   ASSERT_TRUE(m.AppendTokens(42, std::vector<int32_t>{600, 601, 602}).ok());
   ASSERT_TRUE(m.Allocate(42, 3).ok());
   ASSERT_TRUE(m.Commit(42, 24).ok());

@@ -17,10 +17,9 @@
 //   (the smallest bucket's, or the largest's when it is under 1.5x the smallest), strided, the
 //   last one padded; one pool whose block is one page of every layer slot of a group. Recurrent
 //   hits fall only on the enlarged block boundaries.
-// - kHybridKV — hybridkv's planner (MakePlan, with the options' strategy): groups by token rule,
-// one
-//   state group for all recurrent layers, attention blocks of `block_tokens`, one pool per page
-//   class, split at the planning point `seq_tokens`.
+// - kHybridKV — hybridkv's planner (MakePlan, with the options' layout and strategy): groups by
+//   token rule, one state group for all recurrent layers, attention blocks of `block_tokens`,
+//   one pool per page class, split at the planning point `seq_tokens`.
 // Every mode keeps prefix caching on and uses the manager's rules (all-or-nothing allocation,
 // tail-first eviction); only pages, groups and pools differ.
 //

@@ -28,26 +28,15 @@ class PrefixIndex {
   // Starts loading the slot where a Find of key begins, for callers that know the keys they will
   // look up next: a probe of a table larger than the caches is a memory round trip, and a loop
   // that prefetches a few keys ahead overlaps them.
-  // (On x86-64 as an instruction GCC must keep: it drops __builtin_prefetch from some loops.)
-  void Prefetch(const PrefixKey& key) const {
-#if defined(__x86_64__)
-    __asm__ volatile("prefetcht0 %0" : : "m"(slots_[Home(key)]));
-#else
-    __builtin_prefetch(&slots_[Home(key)]);
-#endif
-  }
+  void Prefetch(const PrefixKey& key) const;
   void Insert(const PrefixKey& key, int32_t block);
   // Inserts key -> block when key is absent and returns -1; otherwise returns the block that
   // holds key and changes nothing.
   int32_t Emplace(const PrefixKey& key, int32_t block);
   bool Erase(const PrefixKey& key);  // false when absent
   void Clear();
-  int32_t size() const {
-    return size_;
-  }
-  size_t capacity() const {
-    return slots_.size();
-  }
+  int32_t size() const { return size_; }
+  size_t capacity() const { return slots_.size(); }
 
   // Calls f(key, block) for every entry, in table order.
   template <typename F>
@@ -63,9 +52,7 @@ class PrefixIndex {
     int32_t block = -1;  // -1: empty
   };
   static size_t CapacityFor(int32_t max_entries);
-  size_t Home(const PrefixKey& key) const {
-    return PrefixKeyHash{}(key)&mask_;
-  }
+  size_t Home(const PrefixKey& key) const { return PrefixKeyHash{}(key)&mask_; }
   size_t Probe(
       const PrefixKey& key) const;  // the slot holding key, or the empty slot ending its run
 
@@ -73,5 +60,14 @@ class PrefixIndex {
   size_t mask_ = 0;
   int32_t size_ = 0;
 };
+
+// On x86-64 an instruction GCC must keep: it dropped __builtin_prefetch from the manager's loops.
+inline void PrefixIndex::Prefetch(const PrefixKey& key) const {
+#if defined(__x86_64__)
+  __asm__ volatile("prefetcht0 %0" : : "m"(slots_[Home(key)]));
+#else
+  __builtin_prefetch(&slots_[Home(key)]);
+#endif
+}
 
 }  // namespace hkv
