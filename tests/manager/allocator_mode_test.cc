@@ -294,6 +294,23 @@ TEST(AllocatorMode, ASequenceNeedingNoBlockIsUnbounded) {
   EXPECT_EQ(a.MaxSequences(100, -5), std::numeric_limits<int64_t>::max());
 }
 
+TEST(AllocatorMode, MaxModelLenZeroIsTheModelsOwnOrARefusal) {
+  // 0 takes the config's max_position_embeddings, as a plan does; a config without one is
+  // refused by name in every mode.
+  ModelSpec m = Load("meta-llama--Llama-3.1-8B");
+  PlanOptions o = Options();
+  o.max_model_len = 0;
+  for (AllocatorMode mode : kAllAllocatorModes)
+    EXPECT_EQ(Make(m, mode, o).config.max_model_len, m.max_position_embeddings);
+  m.max_position_embeddings = 0;
+  for (AllocatorMode mode : kAllAllocatorModes) {
+    const Status st = MakeAllocator(m, mode, o).status();
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(st.message().find("max_model_len is 0 and"), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find("gives no max_position_embeddings"), std::string::npos);
+  }
+}
+
 TEST(AllocatorMode, RefusalsNameTheProblem) {
   const ModelSpec m = Load("ibm-ai-platform--Bamba-9B");
   PlanOptions o = Options();
