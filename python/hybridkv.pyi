@@ -173,6 +173,7 @@ class ManagerStats:
     allocations_failed: int
     recomputed_tokens: int
     branch_blocks_given_back: int
+    rolling_states_given_back: int
     external_hit_tokens: int
     blocks_loaded: int
     loads_failed: int

@@ -598,6 +598,7 @@ Status Engine::Impl::StepRequest(Live* r, int64_t& budget, int64_t& executed) {
 Status Engine::Impl::Step() {
   ++counters_.steps;
   counters_.branch_blocks_given_back = manager_->stats().branch_blocks_given_back;
+  counters_.rolling_states_given_back = manager_->stats().rolling_states_given_back;
   // No step is open between scheduler steps: pages may move now, before anything reads them.
   HKV_RETURN_IF_ERROR(MaybeCompact());
   HKV_RETURN_IF_ERROR(AdmitWaiting());

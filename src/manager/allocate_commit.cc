@@ -157,24 +157,7 @@ Status KvCacheManager::Impl::Allocate(Request& r, int64_t num_new, const PrefixH
   }
   const int64_t window_branch = r.started ? r.window_branch : WindowBranchOf(r, hit.tokens);
   HKV_RETURN_IF_ERROR(PlanAllocation(r, s));
-  Status fits = FitAllocation(r, s);
-  // Windows kept at branch points are cache, not need: short of blocks, they are given back
-  // before anything is refused, and taken back when even that is not enough (a refusal changes
-  // nothing). Giving back evicts nothing, so the hit still stands on the second plan.
-  if (!fits.ok()) {
-    given_back.clear();
-    given_back_branch.clear();
-    // One request's windows at a time, until the allocation fits.
-    for (size_t from = 0; !fits.ok() && GiveBackBranchWindows(from);) {
-      Must(PlanAllocation(r, s));
-      fits = FitAllocation(r, s);
-    }
-    if (fits.ok()) {
-      core.stats.branch_blocks_given_back += static_cast<int64_t>(given_back.size());
-    } else {
-      UndoGiveBack();
-    }
-  }
+  const Status fits = FitWithGiveBacks(r, s);
   if (!fits.ok()) {
     ++core.stats.allocations_failed;
     return fits;
@@ -197,6 +180,51 @@ void KvCacheManager::Impl::OpenStep(Request& r, const StepPlan& s) {
   r.step_begin = s.begin;
   r.step_end = s.end;
   r.reserved = s.reserve;
+}
+
+Status KvCacheManager::Impl::FitWithGiveBacks(Request& r, const StepPlan& s) {
+  Status fits = FitAllocation(r, s);
+  if (fits.ok()) return fits;
+  // Windows kept at branch points and rolling recurrent states are cache, not need: short of
+  // blocks, they are given back before anything is refused, and taken back when even that is not
+  // enough. Giving back evicts nothing, so the hit still stands on every later plan.
+  given_back.clear();
+  given_back_branch.clear();
+  for (size_t from = 0; !fits.ok() && GiveBackBranchWindows(from);) {
+    Must(PlanAllocation(r, s));
+    fits = FitAllocation(r, s);
+  }
+  const size_t windows = given_back.size();
+  for (size_t from = 0; !fits.ok() && has_state_groups && GiveBackRollingStates(r, from);) {
+    Must(PlanAllocation(r, s));
+    fits = FitAllocation(r, s);
+  }
+  if (!fits.ok()) {
+    UndoGiveBack();
+    return fits;
+  }
+  for (const manager_internal::GivenBack& g : given_back)
+    group(static_cast<size_t>(g.group)).KeepGivenBack(requests[g.slot], g);
+  core.stats.branch_blocks_given_back += static_cast<int64_t>(windows);
+  core.stats.rolling_states_given_back += static_cast<int64_t>(given_back.size() - windows);
+  return fits;
+}
+
+bool KvCacheManager::Impl::GiveBackRollingStates(Request& r, size_t& from_slot) {
+  // The allocating request first: its own rolling state may be what makes its step need a block.
+  for (; from_slot <= requests.size(); ++from_slot) {
+    const bool own = from_slot == 0;
+    Request& q = own ? r : requests[from_slot - 1];
+    if (!own && (from_slot - 1 == static_cast<size_t>(r.slot) || !Live(from_slot - 1))) continue;
+    const size_t before = given_back.size();
+    for (const auto& g : groups)
+      g->GiveBackRolling(q, own, given_back);
+    if (given_back.size() > before) {
+      ++from_slot;
+      return true;
+    }
+  }
+  return false;
 }
 
 bool KvCacheManager::Impl::GiveBackBranchWindows(size_t& from_slot) {

@@ -36,7 +36,9 @@ Status GroupManager::CheckCommit(const Request&, int64_t) const {
 
 void GroupManager::CollectForRelease(Request&, std::vector<std::pair<int64_t, int32_t>>&) {}
 void GroupManager::GiveBackBranch(Request&, std::vector<GivenBack>&) {}
+void GroupManager::GiveBackRolling(Request&, bool, std::vector<GivenBack>&) {}
 void GroupManager::RestoreGivenBack(const GivenBack&) {}
+void GroupManager::KeepGivenBack(const Request&, const GivenBack&) {}
 
 Result<EvictResult> GroupManager::Evict(Request& r, int64_t, int64_t) {
   return Status::InvalidArgument(

@@ -64,13 +64,15 @@ struct StepPlan {
   std::span<const int64_t> snapshots;  // positions after which states are copied aside
 };
 
-// A window/chunk block a request kept for its branch point and gave back to the cache so that
-// another allocation could fit; UndoGiveBack restores it if that allocation fails anyway.
+// A window/chunk block a request kept for its branch point, or a rolling recurrent state, given
+// back to the cache so that an allocation could fit; UndoGiveBack restores it if that allocation
+// fails anyway.
 struct GivenBack {
   size_t slot;
   int32_t group;
-  size_t index;  // in the group's table
+  size_t index;  // in the group's table; a rolling state's position
   int32_t block;
+  bool publish = false;  // a rolling state to publish as a checkpoint once the allocation fits
 };
 
 class GroupManager {
@@ -141,7 +143,15 @@ class GroupManager {
 
   // ---- window/chunk branch points (WindowGroup; nothing for other kinds).
   virtual void GiveBackBranch(Request& q, std::vector<GivenBack>& out);
+  // ---- rolling recurrent states (StateGroup; nothing for other kinds): the request's rolling
+  // state is cache, not need. `allocating`: q is the request being allocated, whose rolling state
+  // shared with its live one would make its step write elsewhere; another request's such state
+  // frees nothing now, so it keeps it.
+  virtual void GiveBackRolling(Request& q, bool allocating, std::vector<GivenBack>& out);
   virtual void RestoreGivenBack(const GivenBack& g);
+  // The allocation fitted: what was given back stays given back (a rolling state is published
+  // only now, so that a refusal emits no event).
+  virtual void KeepGivenBack(const Request& q, const GivenBack& g);
 
   // ---- sparse KV (full attention only; other kinds refuse).
   virtual Result<EvictResult> Evict(Request& r, int64_t keep, int64_t unchanged);

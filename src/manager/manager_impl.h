@@ -70,7 +70,14 @@ struct KvCacheManager::Impl {
   // UndoGiveBack restores every block, table and branch point recorded since given_back was
   // cleared.
   bool GiveBackBranchWindows(size_t& from_slot);
+  // Releases rolling recurrent states (StateGroup::GiveBackRolling): at from_slot 0 those of `r`
+  // itself, then one other live request's at a time; advances from_slot; false when none is left.
+  bool GiveBackRollingStates(Request& r, size_t& from_slot);
   void UndoGiveBack();
+  // FitAllocation, giving back what running requests hold as cache (branch windows, then rolling
+  // states) one request at a time and planning again until the step fits; a refusal takes every
+  // give-back back, so it changes nothing.
+  Status FitWithGiveBacks(Request& r, const manager_internal::StepPlan& s);
 
   // The operations the public calls are built from.
   Result<PrefixHit> Lookup(RequestId id, const ExternalBlocks* ext);
@@ -116,7 +123,7 @@ struct KvCacheManager::Impl {
   // final states), and of those freed before it, which the events it returned may name; Tokens
   // answers from them once a request is gone.
   std::vector<std::pair<RequestId, std::vector<int32_t>>> freed_tokens, taken_freed_tokens;
-  std::vector<manager_internal::GivenBack> given_back;        // GiveBackBranchWindows' releases
+  std::vector<manager_internal::GivenBack> given_back;        // FitWithGiveBacks' releases
   std::vector<std::pair<size_t, int64_t>> given_back_branch;  // slot, window_branch it had
   std::vector<std::pair<int64_t, int32_t>> release_order;     // (block end position, block)
   CompactionPlan compaction;                                  // Compact: the arena's plan, reused

@@ -266,6 +266,44 @@ void StateGroup::Abandon(Request& r) {
   ss.Clear();
 }
 
+void StateGroup::GiveBackRolling(Request& q, bool allocating, std::vector<GivenBack>& out) {
+  StateSlot& ss = slot_at(q.slot);
+  const HeldState rolling = ss.rolling;
+  if (rolling.block == BlockPool::kNullBlock) return;
+  const bool is_live = rolling.block == ss.live;
+  if (is_live && !allocating) return;
+  // A state of its own stays cached for whoever needs that prefix next, as Free would have left
+  // it (KeepGivenBack); one that is also the live state is dropped, so the step can write it in
+  // place.
+  out.push_back({static_cast<size_t>(q.slot), group_, static_cast<size_t>(rolling.position),
+                 rolling.block, !is_live});
+  ss.rolling = {};
+  core_.ReleaseOne(pool(), rolling.block, q.retention);
+}
+
+void StateGroup::RestoreGivenBack(const GivenBack& g) {
+  // Nothing was allocated in between, so the block still holds the state.
+  Must(block_pool().Reacquire(g.block));
+  slot_at(static_cast<int32_t>(g.slot)).rolling = {static_cast<int64_t>(g.index), g.block};
+}
+
+void StateGroup::KeepGivenBack(const Request& q, const GivenBack& g) {
+  // A block another request still holds (a fork's shared state, perhaps its live one, which the
+  // plan may let it write in place) stays as that holder has it; with two-level memory the
+  // reservation may have handed its slab to another class.
+  const BlockPool& bp = block_pool();
+  if (!g.publish || !core_.config.enable_prefix_caching || bp.ref_count(g.block) > 0 ||
+      bp.has_identity(g.block) || !bp.segment_owned(bp.segment_of(g.block))) {
+    return;
+  }
+  // Free and intact: the allocation has reserved, not yet drawn. Publishing needs a holder, so
+  // the block is held for the moment it takes, and freed again as Free would free it.
+  const auto position = static_cast<int64_t>(g.index);
+  Must(block_pool().Reacquire(g.block));
+  core_.PublishBlock(pool(), g.block, Key(q, position), q.id, position);
+  core_.ReleaseOne(pool(), g.block, q.retention);
+}
+
 void StateGroup::Remap(int32_t slot, std::span<const int32_t> moved_to) {
   const auto remap = [&](int32_t& b) {
     if (b != BlockPool::kNullBlock && moved_to[static_cast<size_t>(b)] != BlockPool::kNullBlock) {

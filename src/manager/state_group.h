@@ -62,6 +62,9 @@ class StateGroup final : public GroupManager {
   void Fork(const Request& parent, int32_t child_slot) override;
   void Free(Request& r) override;
   void Abandon(Request& r) override;
+  void GiveBackRolling(Request& q, bool allocating, std::vector<GivenBack>& out) override;
+  void RestoreGivenBack(const GivenBack& g) override;
+  void KeepGivenBack(const Request& q, const GivenBack& g) override;
   void Remap(int32_t slot, std::span<const int32_t> moved_to) override;
   Status CheckRequest(const Request& r, std::vector<int32_t>& refs) const override;
   bool HoldsLoadTarget(const Request& r, const BlockLoad& l) const override;

@@ -46,7 +46,9 @@ TEST_P(Verify, RandomWorkloadsMatchDenseAndExerciseEveryFeature) {
     bool ran = all.prefix_hit_tokens > 0 && all.preemptions > 0 && all.forks > 0 &&
                all.truncations > 0 && all.drafts_accepted > 0;
     if (windows) ran = ran && all.window_blocks_freed > 0 && all.branch_blocks_given_back > 0;
-    if (state) ran = ran && all.checkpoint_hits > 0 && shortest_hit > 0;
+    if (state) {
+      ran = ran && all.checkpoint_hits > 0 && shortest_hit > 0 && all.rolling_states_given_back > 0;
+    }
     if (cross) ran = ran && all.cross_attention_reuses > 0;
     if (state && !windows) ran = ran && reclaimed > 0 && all.compactions > 0 && all.pages_moved > 0;
     return ran;
@@ -85,6 +87,7 @@ TEST_P(Verify, RandomWorkloadsMatchDenseAndExerciseEveryFeature) {
     all.drafts_accepted += f.drafts_accepted;
     all.window_blocks_freed += f.window_blocks_freed;
     all.branch_blocks_given_back += f.branch_blocks_given_back;
+    all.rolling_states_given_back += f.rolling_states_given_back;
     all.checkpoint_hits += f.checkpoint_hits;
     all.cross_attention_reuses += f.cross_attention_reuses;
     all.compactions += f.compactions;
@@ -95,7 +98,8 @@ TEST_P(Verify, RandomWorkloadsMatchDenseAndExerciseEveryFeature) {
       ", preemptions " + std::to_string(all.preemptions) + ", forks " + std::to_string(all.forks) +
       ", truncations " + std::to_string(all.truncations) + ", window frees " +
       std::to_string(all.window_blocks_freed) + ", branch windows given back " +
-      std::to_string(all.branch_blocks_given_back) + ", checkpoint hits " +
+      std::to_string(all.branch_blocks_given_back) + ", rolling states given back " +
+      std::to_string(all.rolling_states_given_back) + ", checkpoint hits " +
       std::to_string(all.checkpoint_hits) + ", encoder reuses " +
       std::to_string(all.cross_attention_reuses) + ", slabs reclaimed " +
       std::to_string(reclaimed) + ", compactions " + std::to_string(all.compactions) + " (" +
@@ -111,6 +115,9 @@ TEST_P(Verify, RandomWorkloadsMatchDenseAndExerciseEveryFeature) {
   // still matched dense: the blocks went back to the cache and were reused without corruption.
   EXPECT_EQ(all.branch_blocks_given_back > 0, windows) << what;
   EXPECT_EQ(all.checkpoint_hits > 0, state) << what;
+  // Rolling recurrent states were given back so that steps fit (published as checkpoints, or
+  // written over in place), and every logit still matched dense.
+  EXPECT_EQ(all.rolling_states_given_back > 0, state) << what;
   EXPECT_EQ(all.cross_attention_reuses > 0, cross) << what;
   // Recurrent models plan two-level memory: slabs moved between states and token pages while
   // every logit still matched dense, in one buffer where a slab given to two classes at once
@@ -123,6 +130,7 @@ TEST_P(Verify, RandomWorkloadsMatchDenseAndExerciseEveryFeature) {
   }
   RecordProperty("slabs_reclaimed", std::to_string(reclaimed));
   RecordProperty("branch_blocks_given_back", std::to_string(all.branch_blocks_given_back));
+  RecordProperty("rolling_states_given_back", std::to_string(all.rolling_states_given_back));
   // Recurrent hits shorter than the block a one-page-size allocator would have to use for this
   // model: with padded pages they could not exist, here they ran and matched dense.
   if (state) {
@@ -144,6 +152,11 @@ TEST(Engine, CompactionAvoidsPreemptionsAndStaysExact) {
   auto real = LoadModelConfig(std::string(HKV_MODELS_DIR) + "/ibm-ai-platform--Bamba-9B", load);
   ASSERT_TRUE(real.ok()) << real.status().ToString();
   int64_t preemptions[2] = {0, 0}, compactions[2] = {0, 0}, moved = 0;
+  // At the default budget rolling states given back leave nothing to preempt; two thirds of it
+  // is short enough for preemptions with and without compaction.
+  auto probe = RunVerify(*real, VerifyOptions{});
+  ASSERT_TRUE(probe.ok()) << probe.status().ToString();
+  const int64_t memory = probe->memory_bytes * 2 / 3;
   // Fewer preemptions is a claim over many seeds; under the sanitizers a few seeds show that both
   // runs stay exact and that compaction moved pages.
   const uint64_t seeds = testing::kSanitized ? 4 : 30;
@@ -151,6 +164,7 @@ TEST(Engine, CompactionAvoidsPreemptionsAndStaysExact) {
     for (int on = 0; on < 2; ++on) {
       VerifyOptions o;
       o.seed = seed;
+      o.memory_bytes = memory;
       o.compact = on == 1;
       auto r = RunVerify(*real, o);
       ASSERT_TRUE(r.ok()) << r.status().ToString();

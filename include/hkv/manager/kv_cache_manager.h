@@ -81,6 +81,10 @@ struct ManagerStats {
   // Window/chunk blocks kept at branch points that Allocate gave back to the cache so that an
   // allocation short of blocks could succeed (not counted when it was refused anyway).
   int64_t branch_blocks_given_back = 0;
+  // Rolling recurrent states (the newest aligned state a running request keeps, to publish when
+  // it ends) that Allocate gave back for the same reason: published as cached checkpoints, or
+  // dropped where the state was the request's live one (its step then writes in place).
+  int64_t rolling_states_given_back = 0;
   // External stores (Lookup with ExternalBlocks, FinishLoad): hit tokens that needed at least one
   // external block, blocks loaded and published, loads that failed (their requests started over).
   int64_t external_hit_tokens = 0;
@@ -124,7 +128,10 @@ class KvCacheManager {
   // and opens a step over [computed, computed + num_new_tokens). The first call takes the hit
   // from Lookup (or {} for none) and sets computed = hit.tokens. Fails with kResourceExhausted
   // (nothing changed) when a pool lacks blocks; with kFailedPrecondition when the hit went stale,
-  // when a step is already open, or when a hit is passed after the first call.
+  // when a step is already open, or when a hit is passed after the first call. Short of blocks,
+  // it first gives back what live requests hold only as cache - window blocks kept at branch
+  // points, rolling recurrent states (ManagerStats) - one request at a time, and refuses only
+  // when even all of that does not suffice.
   Status Allocate(RequestId id, int64_t num_new_tokens, const PrefixHit& hit = {},
                   int64_t lookahead = 0);
   // Closes the open step: positions [0, computed) hold valid KV and state, for some computed in
