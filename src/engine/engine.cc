@@ -5,6 +5,7 @@
 
 #include <hkv/engine/engine.h>
 #include <hkv/engine/transformer.h>
+#include <hkv/manager/compaction_policy.h>
 #include <hkv/pool/block_pool.h>
 
 #include "../common/preempt_from_back.h"
@@ -250,21 +251,8 @@ Status Engine::Impl::MaybeCompact() {
   if (std::any_of(running_.begin(), running_.end(), [](const auto& l) { return l->loading; })) {
     return Status::Ok();
   }
-  const ArenaConfig& arena = manager_->config().arena;
-  bool due = false;
-  compact_limits_.assign(arena.pages_per_slab.size(), 0);
-  for (size_t c = 0; c < compact_limits_.size(); ++c) {
-    const PoolUsage u = manager_->Usage(static_cast<int32_t>(c));
-    const int32_t per = arena.pages_per_slab[c];
-    // A slab's worth of stranded pages is worth its page copies at any time. After a refusal,
-    // a slab's worth of free pages in slabs the class holds is worth emptying a slab even if
-    // some of them cache a prefix: losing that cache is cheaper than preempting a request.
-    // Classes not due keep their cached pages: only the due ones are compacted.
-    if (u.num_stranded >= per || (refused_since_compaction_ && u.num_free_in_held_slabs >= per)) {
-      compact_limits_[c] = arena.num_slabs;
-      due = true;
-    }
-  }
+  // Classes not due keep their cached pages: only the due ones are compacted.
+  const bool due = CompactionDue(*manager_, refused_since_compaction_, compact_limits_);
   refused_since_compaction_ = false;
   if (!due) return Status::Ok();
   HKV_ASSIGN_OR_RETURN(const CompactionResult r, manager_->Compact(compact_limits_));

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include <hkv/common/splitmix64.h>
+#include <hkv/manager/compaction_policy.h>
 #include <hkv/manager/kv_cache_manager.h>
 #include <hkv/pool/block_hash.h>
 #include <hkv/sim/replayer.h>
@@ -35,16 +36,18 @@ class HkvDriven {
   };
   using Chunk = sim_internal::Chunk<Request>;
 
-  HkvDriven(const ManagerConfig& mc, KvCacheManager& manager, ReplayReport& report)
-      : mc_(mc), manager_(manager), report_(report) {}
+  HkvDriven(const ManagerConfig& mc, KvCacheManager& manager, ReplayReport& report, bool compact)
+      : mc_(mc), manager_(manager), report_(report), compact_(compact && mc.arena.enabled()) {}
 
   static int64_t Tokens(const Request& r) { return static_cast<int64_t>(r.tokens.size()); }
   static int64_t& Computed(Request& r) { return r.computed; }
 
-  void BeginStep() {}
+  Status BeginStep();
   int64_t RunningChunk(const Request&, int64_t n) const { return n; }
   Status AllocateRunning(Request& r, int64_t n) {
-    return watch_([&] { return manager_.Allocate(r.id, n); });
+    const Status st = watch_([&] { return manager_.Allocate(r.id, n); });
+    refused_ = refused_ || st.code() == StatusCode::kResourceExhausted;
+    return st;
   }
   Status Preempt(Request& r) {
     HKV_RETURN_IF_ERROR(watch_([&] { return manager_.Free(r.id); }));
@@ -91,7 +94,26 @@ class HkvDriven {
   ReplayReport& report_;
   StepInputs inputs_{};
   sim_internal::Stopwatch watch_{};
+  const bool compact_;
+  bool refused_ = false;  // a running request's allocation was refused since the last compaction
+  std::vector<int64_t> compact_limits_;
 };
+
+// Between steps no request has a step open, so the manager may move pages; the engine would copy
+// each moved page before the step's model run.
+Status HkvDriven::BeginStep() {
+  if (!compact_) return Status::Ok();
+  const bool due = watch_([&] { return CompactionDue(manager_, refused_, compact_limits_); });
+  refused_ = false;
+  if (!due) return Status::Ok();
+  HKV_ASSIGN_OR_RETURN(const CompactionResult r,
+                       watch_([&] { return manager_.Compact(compact_limits_); }));
+  if (r.slabs.empty()) return Status::Ok();
+  ++report_.compactions;
+  report_.pages_moved += static_cast<int64_t>(r.moves.size());
+  report_.slabs_compacted += static_cast<int64_t>(r.slabs.size());
+  return Status::Ok();
+}
 
 // The request is registered (once: a refused admission stays registered), looked up, and
 // allocated the step's chunk with the rest of its prompt reserved as lookahead: the whole
@@ -190,7 +212,7 @@ Result<ReplayReport> Replay(const Trace& trace, const ManagerConfig& config,
     reqs[i].id = static_cast<RequestId>(i);
     reqs[i].tokens = trace[i].prompt;
   }
-  HkvDriven driven(mc, manager, report);
+  HkvDriven driven(mc, manager, report, o.compact);
   sim_internal::StepLoop loop(o, book, driven, std::move(reqs));
   HKV_RETURN_IF_ERROR(loop.Run());
   return book.Finish();

@@ -5,7 +5,7 @@
 //
 // Contract: a step is, in this order,
 //   0. arrivals join the waiting tail in trace order (idle gaps are skipped, not counted);
-//   1. the driven manager's step start;
+//   1. the driven manager's step start (between steps: hkv's compacts two-level memory here);
 //   2. running requests in order while budget remains: each schedules min(tokens not computed,
 //      budget, max_model_len - 1 - computed), cut by the manager's own chunk rule, and skips a
 //      request left with nothing; short of blocks it preempts from the back (AllocateOrPreempt:
@@ -72,7 +72,7 @@ concept DrivenManager = requires(D& d, typename D::Request& r, const typename D:
   { r.outputs } -> std::same_as<int32_t&>;
   { D::Tokens(cr) } -> std::same_as<int64_t>;
   { D::Computed(r) } -> std::same_as<int64_t&>;
-  d.BeginStep();
+  { d.BeginStep() } -> std::same_as<Status>;  // between steps: no request has a step open
   // A running request's chunk of n tokens, cut as the manager's scheduler would.
   { d.RunningChunk(cr, n) } -> std::same_as<int64_t>;
   { d.AllocateRunning(r, n) } -> std::same_as<Status>;  // kResourceExhausted: short of blocks
@@ -123,7 +123,7 @@ class StepLoop {
   size_t At(const Request& r) const { return static_cast<size_t>(&r - reqs_.data()); }
 
   Status RunStep(ReplayStep& step) {
-    d_.BeginStep();
+    HKV_RETURN_IF_ERROR(d_.BeginStep());
     int64_t budget = o_.token_budget;
     scheduled_.clear();
     HKV_ASSIGN_OR_RETURN(const bool preempted, ScheduleRunning(step, budget));

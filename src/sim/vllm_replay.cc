@@ -105,8 +105,9 @@ class VllmDriven {
   static int64_t Tokens(const Request& r) { return r.req.num_tokens(); }
   static int64_t& Computed(Request& r) { return r.req.num_computed_tokens; }
 
-  void BeginStep() {
+  Status BeginStep() {
     watch_.Run([&] { manager_.NewStepStarts(); });
+    return Status::Ok();
   }
   int64_t RunningChunk(const Request& r, int64_t n) const {
     return split_ ? MambaBlockAlignedSplit(r.req, n, cache_block_, 0) : n;

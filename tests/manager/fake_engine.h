@@ -488,15 +488,33 @@ class FakeEngine {
   // moved page (all its slots) to its new page and poisons the old one, so a reference the
   // manager failed to rewrite reads poison. A no-op without two-level memory.
   Result<CompactionResult> Compact(int64_t max_slabs_per_class) {
+    return CheckedCompact(std::to_string(max_slabs_per_class), max_slabs_per_class < 1,
+                          [&] { return m_.Compact(max_slabs_per_class); });
+  }
+  // The same with a limit per class (0 leaves a class alone), as a driver following
+  // CompactionDue calls it.
+  Result<CompactionResult> Compact(std::span<const int64_t> max_slabs_per_class) {
+    std::string limits;
+    bool bad = max_slabs_per_class.size() != cfg_.pool_blocks.size();
+    for (int64_t l : max_slabs_per_class) {
+      limits += (limits.empty() ? "" : "/") + std::to_string(l);
+      bad = bad || l < 0;
+    }
+    return CheckedCompact(limits, bad, [&] { return m_.Compact(max_slabs_per_class); });
+  }
+
+ private:
+  template <typename Call>
+  Result<CompactionResult> CheckedCompact(const std::string& limits, bool bad_limits, Call call) {
     bool open = false;
     for (const auto& [id, q] : seqs_)
       open = open || q.step.has_value();
-    const Expect e = open || max_slabs_per_class < 1 ? Expect::kFail : Expect::kOk;
+    const Expect e = open || bad_limits ? Expect::kFail : Expect::kOk;
     Before before = Snap();
     const int64_t removed_before = removed_events_;
-    Result<CompactionResult> r = m_.Compact(max_slabs_per_class);
+    Result<CompactionResult> r = call();
     const Status s = r.ok() ? Status::Ok() : r.status();
-    Log("compact " + std::to_string(max_slabs_per_class) +
+    Log("compact " + limits +
             (r.ok() ? " -> " + std::to_string(r->moves.size()) + " moves, " +
                           std::to_string(r->slabs.size()) + " slabs"
                     : ""),
@@ -545,6 +563,7 @@ class FakeEngine {
     return r;
   }
 
+ public:
   // ---- Engine-side views ----------------------------------------------------------------
 
   struct StateCapture {

@@ -110,6 +110,9 @@ nlohmann::json RunJson(const Run& run, bool with_timings) {
   j["peak_blocks_used"] = r.peak_blocks_used;
   j["peak_running"] = r.peak_running;
   j["scheduled_tokens"] = r.scheduled_tokens;
+  j["compaction"] = {{"compactions", r.compactions},
+                     {"pages_moved", r.pages_moved},
+                     {"slabs_compacted", r.slabs_compacted}};
   if (!run.mode) j["block_id_digest"] = r.block_id_digest;
   j["state_splits"] = {{"per_step", r.state_splits_per_step()},
                        {"max_step", r.max_step_state_splits},

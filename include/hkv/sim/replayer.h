@@ -41,6 +41,9 @@ struct ReplayOptions {
   // prompt to fit (vLLM's default, on).
   bool reserve_full_prompt = true;
   bool check_invariants = false;  // run the manager's checker after every step (tests)
+  // hkv replays with two-level memory: compact between steps when CompactionDue says so, as the
+  // reference engine does (its page copies are counted in ReplayReport::pages_moved).
+  bool compact = true;
   // Called with the number of finished requests every 256 steps and once at the end (a progress
   // bar); outside the measured manager time.
   std::function<void(int64_t finished)> on_progress;
@@ -90,6 +93,9 @@ struct ReplayReport {
   // schedules chunks that end at block boundaries, and in `all` mode the SSD kernel leaves the
   // states at its own chunk boundaries.
   int64_t state_splits = 0, max_step_state_splits = 0, max_request_state_splits = 0;
+  // Two-level memory (ReplayOptions::compact): compactions, the pages they moved (each a copy of
+  // one page of its class for the engine) and the slabs they gave back.
+  int64_t compactions = 0, pages_moved = 0, slabs_compacted = 0;
   std::vector<double> manager_us;       // per step
   std::vector<ReplayStep> log;          // when record_steps
   std::vector<RequestRecord> requests;  // when record_requests, in trace order

@@ -1,0 +1,30 @@
+// CompactionDue: when a driver of a KvCacheManager with two-level memory should call Compact
+// between steps, and on which page classes. The reference engine and the simulator both follow
+// it, so that what `hkv simulate` reports is what an engine using the manager gets.
+//
+// Contract: fills `limits` with one entry per pool (0: leave the class alone; otherwise the
+// arena's slab count, a full compaction of the class) and returns whether any class is due. Only
+// a class with a slab's worth of pages free inside slabs that still hold its pages can be due:
+// - every such class, after an allocation was refused since the last compaction (`refused`):
+//   losing the cache of the emptied slabs is cheaper than preempting a request;
+// - the roomiest such class, when some class's page is a whole slab (a recurrent state, 59 MiB
+//   for Bamba) and no slab is whole for anyone (none unassigned, no class with an empty one):
+//   attention pages scattered over every slab would keep states out, and the cached pages the
+//   emptied slabs drop are worth less than the states they make room for (docs/manager.md,
+//   "Compaction policy", measures it).
+// Stranded pages alone are no reason: their class reuses them before it takes a slab, and
+// emptying slabs for them drops cached pages (on Jamba, whose 4 states share a slab, it cut the
+// hit rate from 0.85 to 0.03). Without two-level memory nothing is ever due. Reads only;
+// O(pools), plus O(slabs) with whole-slab pages.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <hkv/manager/kv_cache_manager.h>
+
+namespace hkv {
+
+bool CompactionDue(const KvCacheManager& manager, bool refused, std::vector<int64_t>& limits);
+
+}  // namespace hkv
