@@ -96,6 +96,28 @@ TEST_F(SimulateCommandTest, JsonIsIdenticalAcrossRunsExceptTimings) {
   EXPECT_EQ(ja["runs"][3]["state_splits"]["max_request"].get<int64_t>(), 0);
 }
 
+// Bamba's states are whole slabs: with attention pages over every slab the replay compacts, as the
+// reference engine would, and more prompt tokens hit than in the same replay without page moves.
+TEST_F(SimulateCommandTest, CompactsTwoLevelMemoryUnlessTold) {
+  args_.config = std::string(HKV_MODELS_DIR) + "/ibm-ai-platform--Bamba-9B";
+  args_.memory = "2GiB";
+  args_.allocator = "hybridkv";
+  args_.json = true;
+  const auto replay = [&](bool no_compact) {
+    args_.no_compact = no_compact;
+    std::string out, err;
+    EXPECT_EQ(Run(out, err), 0) << err;
+    return nlohmann::json::parse(out)["runs"][0];
+  };
+  const nlohmann::json on = replay(false), off = replay(true);
+  EXPECT_GT(on["compaction"]["compactions"].get<int64_t>(), 0);
+  EXPECT_GT(on["compaction"]["pages_moved"].get<int64_t>(), 0);
+  EXPECT_GT(on["compaction"]["slabs_compacted"].get<int64_t>(), 0);
+  EXPECT_EQ(off["compaction"]["pages_moved"].get<int64_t>(), 0);
+  EXPECT_GT(on["hit_rate"].get<double>(), off["hit_rate"].get<double>());
+  EXPECT_LT(on["scheduled_tokens"].get<int64_t>(), off["scheduled_tokens"].get<int64_t>());
+}
+
 TEST_F(SimulateCommandTest, TableCsvAndPlot) {
   args_.csv_dir = (dir_ / "csv").string();
   args_.plot = (dir_ / "modes.png").string();

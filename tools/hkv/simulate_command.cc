@@ -58,6 +58,7 @@ Result<Inputs> Prepare(const SimulateArgs& args) {
   in.replay.max_model_len = args.max_model_len;
   in.replay.record_steps = !args.csv_dir.empty() || !args.plot.empty();
   in.replay.record_requests = !args.requests_csv_dir.empty();
+  in.replay.compact = !args.no_compact;
   in.vllm.memory_bytes = in.alloc.memory_bytes;
   in.vllm.block_size = args.block_tokens;
   in.vllm.max_model_len = args.max_model_len;
@@ -327,6 +328,9 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
       "--requests-csv", args.requests_csv_dir,
       "write DIR/<allocator>_requests.csv, one row per request (vLLM reference format)");
   cmd->add_option("--plot", args.plot, "write a PNG of the modes over time (gnuplot)");
+  cmd->add_flag("--no-compact", args.no_compact,
+                "hkv modes with two-level memory: never compact (an engine that does not move "
+                "pages); by default they compact as the reference engine does");
   cmd->add_flag("--json", args.json, "print {\"runs\": [...]} instead of a table");
   return cmd;
 }

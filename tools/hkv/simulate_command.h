@@ -36,6 +36,7 @@ struct SimulateArgs {
   std::string csv_dir;
   std::string requests_csv_dir;
   std::string plot;
+  bool no_compact = false;  // hkv modes: an engine that never moves pages (CompactionDue off)
   bool json = false;
 };
 

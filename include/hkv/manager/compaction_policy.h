@@ -15,7 +15,7 @@
 // Stranded pages alone are no reason: their class reuses them before it takes a slab, and
 // emptying slabs for them drops cached pages (on Jamba, whose 4 states share a slab, it cut the
 // hit rate from 0.85 to 0.03). Without two-level memory nothing is ever due. Reads only;
-// O(pools), plus O(slabs) with whole-slab pages.
+// O(pools).
 #pragma once
 
 #include <cstdint>
