@@ -1,0 +1,136 @@
+#!/usr/bin/python3
+"""The under-pressure grid: every allocator mode of `hkv simulate` over models x memory x load.
+
+For each session gap and seed it generates one trace (`hkv trace gen`), replays it through every
+mode (`hkv simulate --allocator all --json`) at each memory size and model, and writes a markdown
+page: per model, one row per memory and gap (seeds summed for preemptions and scheduled tokens,
+averaged for hit rates), each mode's `hit / preemptions / scheduled Mtok`, and in the last column
+where hybridkv is behind - `hit` (below vllm's), `preempt` (above vllm's), `sched` (more prompt
+compute than some other mode) - with a count of such cells at the top. A mode that cannot serve
+the model at its max-model-len in that memory shows `refused` and is not compared.
+
+  scripts/pressure_grid.py [--models M1,M2] [--memory 2,4,8,16] [--gaps 15,50,150,300]
+                           [--seeds 1,2] [--requests 1000] [--jobs 2] [--hkv BIN] [--out FILE]
+
+Models are folder names under models/ (default: every bundled model). Figures are deterministic;
+manager times are not reported.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODES = ("vllm", "uniform", "padded", "hybridkv")
+
+
+def gen_trace(hkv: str, work: str, requests: int, seed: int, gap: int) -> str:
+    path = os.path.join(work, f"t_{requests}_{seed}_{gap}.jsonl")
+    subprocess.run([hkv, "trace", "gen", "--requests", str(requests), "--seed", str(seed),
+                    "--session-gap", str(gap), "-o", path], check=True, capture_output=True)
+    return path
+
+
+def simulate(hkv: str, model: str, trace: str, gib: int) -> dict:
+    cmd = [hkv, "simulate", os.path.join(ROOT, "models", model), "--trace", trace, "--memory",
+           f"{gib}GiB", "--allocator", "all", "--json"]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode not in (0, 1):
+        sys.exit(f"{' '.join(cmd)} failed:\n{p.stderr[-3000:]}")
+    return {r["allocator"]: r for r in json.loads(p.stdout)["runs"]}
+
+
+def combine(runs: list[dict]) -> dict | None:
+    """Seeds of one cell: None when any seed refused the mode."""
+    if any("error" in r for r in runs):
+        return None
+    return {
+        "hit": sum(r["hit_rate"] for r in runs) / len(runs),
+        "preempt": sum(r["preemptions"] for r in runs),
+        "sched": sum(r["scheduled_tokens"] for r in runs),
+    }
+
+
+def behind(cell: dict) -> list[str]:
+    h = cell.get("hybridkv")
+    if h is None:
+        return []
+    out = []
+    v = cell.get("vllm")
+    if v is not None and h["hit"] < v["hit"] - 1e-9:
+        out.append("hit")
+    if v is not None and h["preempt"] > v["preempt"]:
+        out.append("preempt")
+    others = [cell[m]["sched"] for m in MODES if m != "hybridkv" and cell.get(m) is not None]
+    if others and h["sched"] > min(others):
+        out.append("sched")
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default=",".join(sorted(os.listdir(os.path.join(ROOT, "models")))))
+    ap.add_argument("--memory", default="2,4,8,16", help="GiB")
+    ap.add_argument("--gaps", default="15,50,150,300")
+    ap.add_argument("--seeds", default="1,2")
+    ap.add_argument("--requests", type=int, default=1000)
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--hkv", default=os.path.join(ROOT, "build", "release", "tools", "hkv", "hkv"))
+    ap.add_argument("--out", default=os.path.join(ROOT, "docs", "pressure_grid.md"))
+    args = ap.parse_args()
+    models = [m for m in args.models.split(",") if m]
+    memories = [int(x) for x in args.memory.split(",")]
+    gaps = [int(x) for x in args.gaps.split(",")]
+    seeds = [int(x) for x in args.seeds.split(",")]
+    t0 = time.time()
+    with tempfile.TemporaryDirectory() as work:
+        traces = {(s, g): gen_trace(args.hkv, work, args.requests, s, g)
+                  for s in seeds for g in gaps}
+        jobs = [(m, gib, g, s) for m in models for gib in memories for g in gaps for s in seeds]
+        with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+            results = dict(zip(jobs, pool.map(
+                lambda j: simulate(args.hkv, j[0], traces[(j[3], j[2])], j[1]), jobs)))
+    lines = []
+    behind_cells = []
+    for m in models:
+        lines += [f"### {m}", "",
+                  "| memory | gap | " + " | ".join(MODES) + " | hybridkv behind |",
+                  "|---|---|" + "---|" * (len(MODES) + 1)]
+        for gib in memories:
+            for g in gaps:
+                cell = {mode: combine([results[(m, gib, g, s)][mode] for s in seeds])
+                        for mode in MODES}
+                b = behind(cell)
+                if b:
+                    behind_cells.append(f"{m} {gib} GiB gap {g}: {', '.join(b)}")
+                shown = ["refused" if cell[mode] is None else
+                         f"{cell[mode]['hit']:.3f} / {cell[mode]['preempt']} / "
+                         f"{cell[mode]['sched'] / 1e6:.2f}" for mode in MODES]
+                lines.append(f"| {gib} GiB | {g} | " + " | ".join(shown) + f" | {', '.join(b)} |")
+        lines.append("")
+    head = [
+        "# Under memory pressure: every mode over models, memory and load", "",
+        f"Written by `scripts/pressure_grid.py` ({time.time() - t0:.0f} s; do not edit): "
+        f"`hkv trace gen --requests {args.requests} --seed S --session-gap G` for seeds "
+        f"{', '.join(map(str, seeds))}, each replayed by `hkv simulate --allocator all` at every "
+        "memory. Cells: hit rate (mean over seeds) / preemptions (sum) / scheduled prompt and "
+        "decode tokens in millions (sum): what a deployment computes. `hybridkv behind`: its hit "
+        "rate below vllm's, more preemptions than vllm, or more scheduled tokens than any other "
+        "mode.", "",
+        f"Cells where hybridkv is behind: **{len(behind_cells)}** of "
+        f"{len(models) * len(memories) * len(gaps)}.", ""]
+    head += [f"- {c}" for c in behind_cells] + [""]
+    with open(args.out, "w") as f:
+        f.write("\n".join(head + lines))
+    print(f"{args.out}: {len(behind_cells)} cells behind, {time.time() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
