@@ -13,9 +13,9 @@
 //   emptied slabs drop are worth less than the states they make room for (docs/manager.md,
 //   "Compaction policy", measures it).
 // Stranded pages alone are no reason: their class reuses them before it takes a slab, and
-// emptying slabs for them drops cached pages (on Jamba, whose 4 states share a slab, it cut the
-// hit rate from 0.85 to 0.03). Without two-level memory nothing is ever due. Reads only;
-// O(pools).
+// emptying slabs for them drops cached pages (on Jamba, whose 4 states share a slab, the
+// checkpoints). Without two-level memory nothing is ever due. Reads only; O(pools) calls of
+// KvCacheManager::Usage.
 #pragma once
 
 #include <cstdint>
