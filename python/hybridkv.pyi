@@ -62,6 +62,7 @@ class ManagerConfig:
     enable_prefix_caching: bool
     drop_last_hit_block: bool
     coherent_eviction: bool
+    evict_uncovered: bool
     record_events: bool
     def __init__(self) -> None: ...
     @staticmethod
@@ -174,6 +175,9 @@ class ManagerStats:
     recomputed_tokens: int
     branch_blocks_given_back: int
     rolling_states_given_back: int
+    uncovered_blocks_demoted: int
+    unreachable_checkpoints_demoted: int
+    superseded_hits_demoted: int
     external_hit_tokens: int
     blocks_loaded: int
     loads_failed: int

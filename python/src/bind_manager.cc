@@ -269,6 +269,10 @@ void BindStatsTypes(py::module_& m) {
       .def_readonly("recomputed_tokens", &ManagerStats::recomputed_tokens)
       .def_readonly("branch_blocks_given_back", &ManagerStats::branch_blocks_given_back)
       .def_readonly("rolling_states_given_back", &ManagerStats::rolling_states_given_back)
+      .def_readonly("uncovered_blocks_demoted", &ManagerStats::uncovered_blocks_demoted)
+      .def_readonly("unreachable_checkpoints_demoted",
+                    &ManagerStats::unreachable_checkpoints_demoted)
+      .def_readonly("superseded_hits_demoted", &ManagerStats::superseded_hits_demoted)
       .def_readonly("external_hit_tokens", &ManagerStats::external_hit_tokens)
       .def_readonly("blocks_loaded", &ManagerStats::blocks_loaded)
       .def_readonly("loads_failed", &ManagerStats::loads_failed);

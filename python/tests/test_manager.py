@@ -470,3 +470,21 @@ def test_threads_share_a_manager_safely():
     assert errors == []
     assert len(mgr) == 0
     mgr.check_invariants()
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_a_follow_up_demotes_the_checkpoint_it_continued_from(bamba, on):
+    cfg = hybridkv.make_allocator(bamba, "hybridkv", memory="4GiB").config
+    assert cfg.evict_uncovered
+    cfg.evict_uncovered = on
+    mgr = hybridkv.KvCacheManager(cfg)
+    first = np.arange(64, dtype=np.int32)
+    run_prompt(mgr, 1, first)
+    mgr.free(1)
+    follow_up = np.concatenate([first, np.arange(1000, 1032, dtype=np.int32)])
+    assert run_prompt(mgr, 2, follow_up).tokens == 64
+    mgr.free(2)
+    s = mgr.stats
+    assert s.superseded_hits_demoted == (1 if on else 0)
+    assert s.uncovered_blocks_demoted == 0 and s.unreachable_checkpoints_demoted == 0
+    mgr.check_invariants()

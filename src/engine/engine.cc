@@ -587,6 +587,9 @@ Status Engine::Impl::Step() {
   ++counters_.steps;
   counters_.branch_blocks_given_back = manager_->stats().branch_blocks_given_back;
   counters_.rolling_states_given_back = manager_->stats().rolling_states_given_back;
+  const ManagerStats& ms = manager_->stats();
+  counters_.coverage_demotions =
+      ms.uncovered_blocks_demoted + ms.unreachable_checkpoints_demoted + ms.superseded_hits_demoted;
   // No step is open between scheduler steps: pages may move now, before anything reads them.
   HKV_RETURN_IF_ERROR(MaybeCompact());
   HKV_RETURN_IF_ERROR(AdmitWaiting());

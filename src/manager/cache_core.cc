@@ -154,12 +154,82 @@ void CacheCore::AcquireHeld(int32_t pool, int32_t block) {
   Must(pools[static_cast<size_t>(pool)].Acquire(block));
 }
 
-void CacheCore::PublishBlock(int32_t pool, int32_t block, const PrefixKey& key, RequestId origin,
+void CacheCore::PublishBlock(int32_t pool, int32_t block, const PrefixKey& key, const Request& r,
                              int64_t position) {
   if (!config.enable_prefix_caching) return;
   BlockPool& bp = pools[static_cast<size_t>(pool)];
   if (bp.has_identity(block)) return;
-  Must(bp.Publish(block, key, origin, position));
+  Must(bp.Publish(block, key, r.id, position));
+  // Counted only when this block took the key: a copy of a checkpoint already cached stays
+  // private and covers nothing more.
+  if (cover && group_is_state[static_cast<size_t>(key.group)] != 0 && bp.has_identity(block)) {
+    const auto n = std::min(r.hashes.size(), static_cast<size_t>(position / hash_tokens));
+    coverage.Cover({r.hashes.data(), n}, position == r.divergence);
+  }
+}
+
+void CacheCore::StartCoverage() {
+  group_is_state.clear();
+  cover_token_groups.clear();
+  cover_state_groups.clear();
+  for (size_t g = 0; g < config.groups.size(); ++g) {
+    const GroupConfig& gc = config.groups[g];
+    group_is_state.push_back(gc.is_state() ? 1 : 0);
+    if (gc.is_state()) cover_state_groups.push_back(static_cast<int32_t>(g));
+    if (gc.rule.kind == TokenRuleKind::kAll) cover_token_groups.push_back(static_cast<int32_t>(g));
+  }
+  cover = config.evict_uncovered && config.enable_prefix_caching && !cover_state_groups.empty() &&
+          !cover_token_groups.empty();
+  if (!cover) return;
+  for (const auto* list : {&cover_token_groups, &cover_state_groups}) {
+    for (int32_t g : *list)
+      pools[static_cast<size_t>(config.groups[static_cast<size_t>(g)].pool)].TrackDropped(true);
+  }
+}
+
+Status CacheCore::CheckCoverage() const {
+  if (!cover) return Status::Ok();
+  HKV_RETURN_IF_ERROR(coverage.CheckInvariants());
+  for (int32_t g : cover_state_groups) {
+    const BlockPool& bp = pools[static_cast<size_t>(config.groups[static_cast<size_t>(g)].pool)];
+    for (int32_t b = 1; b < bp.num_blocks(); ++b) {
+      if (!bp.has_identity(b) || bp.identity(b).group != g) continue;
+      if (coverage.Count(bp.identity(b).hash) == 0) {
+        return Status::FailedPrecondition(fmt::format(
+            "checkpoint coverage: cached checkpoint in block {} of group {} covers nothing", b, g));
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+void CacheCore::SettleDrops() {
+  if (!cover) return;
+  const auto demote = [&](int32_t g, const BlockHash& h, int64_t& counter) {
+    BlockPool& bp = pools[static_cast<size_t>(config.groups[static_cast<size_t>(g)].pool)];
+    const int32_t b = bp.Find({h, g});
+    if (b > BlockPool::kNullBlock && bp.ref_count(b) == 0) {
+      Must(bp.Demote(b));
+      ++counter;
+    }
+  };
+  for (BlockPool& bp : pools) {
+    bp.TakeDropped(dropped);
+    for (const PrefixKey& k : dropped) {
+      if (bp.Find(k) >= 0) continue;  // moved (compaction), not evicted
+      if (group_is_state[static_cast<size_t>(k.group)] != 0) {
+        uncovered.clear();
+        coverage.Uncover(k.hash, uncovered);
+        for (const BlockHash& h : uncovered) {
+          for (int32_t g : cover_token_groups)
+            demote(g, h, stats.uncovered_blocks_demoted);
+        }
+      } else if (coverage.Count(k.hash) > 0) {
+        for (int32_t g : cover_state_groups)
+          demote(g, k.hash, stats.unreachable_checkpoints_demoted);
+      }
+    }
+  }
 }
 
 Status CacheCore::ReserveBlocks() {

@@ -16,6 +16,7 @@
 #include <hkv/pool/block_pool.h>
 #include <hkv/pool/slab_arena.h>
 
+#include "checkpoint_coverage.h"
 #include "request_state.h"
 
 namespace hkv::manager_internal {
@@ -71,8 +72,9 @@ struct CacheCore {
   void Release(int32_t pool, std::span<const int32_t> blocks, Retention retention);
   void ReleaseOne(int32_t pool, int32_t block, Retention retention);
   void AcquireHeld(int32_t pool, int32_t block);
-  // origin/position: what the stored event says published it (ManagerEvent).
-  void PublishBlock(int32_t pool, int32_t block, const PrefixKey& key, RequestId origin = 0,
+  // `r` and `position`: who published it and where (ManagerEvent); a recurrent checkpoint's
+  // prefix is also counted as covered (checkpoint_coverage.h).
+  void PublishBlock(int32_t pool, int32_t block, const PrefixKey& key, const Request& r,
                     int64_t position = -1);
   // Whether every pool can supply `need` (per pool) while keeping `hit_keep`; with two-level
   // memory, moves slabs so that it can (nothing moves when it cannot). kResourceExhausted
@@ -80,6 +82,17 @@ struct CacheCore {
   Status ReserveBlocks();
   // `n` fresh blocks of `pool` into `fresh` (cleared first); the caller has reserved them.
   std::span<const int32_t> AllocateReserved(int32_t pool, int64_t n);
+
+  // ---- checkpoint coverage (ManagerConfig::evict_uncovered): on for a model with recurrent
+  // and full-attention groups, once the pools exist.
+  void StartCoverage();
+  // Reacts to the identities the pools dropped since the last call (BlockPool::TrackDropped): an
+  // evicted checkpoint uncovers attention blocks, which are demoted when no other checkpoint
+  // covers them; an evicted attention block that checkpoints still cover leaves the checkpoint
+  // ending at it unreachable, which is demoted. Every public call that may evict ends with it.
+  void SettleDrops();
+  // Coverage's own invariants, and every cached checkpoint counted.
+  Status CheckCoverage() const;
 
   ManagerConfig config;
   int32_t hash_tokens = 1;
@@ -93,11 +106,18 @@ struct CacheCore {
   std::vector<int64_t> need;
   std::vector<PoolBlock> hit_keep;
 
+  bool cover = false;
+  CheckpointCoverage coverage;
+  std::vector<uint8_t> group_is_state;  // per group
+  std::vector<int32_t> cover_token_groups, cover_state_groups;
+
   // Scratch buffers reused by every call.
   std::vector<MultimodalItem> scratch_items;
   std::vector<int32_t> fresh;       // blocks from BlockPool::Allocate
   std::vector<int32_t> to_release;  // per pool batch
   std::vector<int32_t> release_low, release_normal;
+  std::vector<PrefixKey> dropped;
+  std::vector<BlockHash> uncovered;
 };
 
 }  // namespace hkv::manager_internal

@@ -12,11 +12,13 @@ Result<CompactionResult> KvCacheManager::Compact(int64_t max_slabs_per_class) {
         fmt::format("compact: max_slabs_per_class {}; expected >= 1", max_slabs_per_class));
   }
   const std::vector<int64_t> limits(impl_->core.pools.size(), max_slabs_per_class);
-  return impl_->Compact(limits);
+  return Compact(limits);
 }
 
 Result<CompactionResult> KvCacheManager::Compact(std::span<const int64_t> max_slabs_per_class) {
-  return impl_->Compact(max_slabs_per_class);
+  Result<CompactionResult> out = impl_->Compact(max_slabs_per_class);
+  impl_->core.SettleDrops();  // the emptied slabs' cached pages are gone
+  return out;
 }
 
 Result<CompactionResult> KvCacheManager::Impl::Compact(std::span<const int64_t> max_slabs) {

@@ -59,7 +59,7 @@ void EncoderGroup::Commit(Request& r, int64_t, int64_t) {
   if (r.encoder_ready) return;
   const std::vector<int32_t>& t = table(r.slot);
   for (size_t i = 0; i < t.size(); ++i)
-    core_.PublishBlock(pool(), t[i], Key(r, static_cast<int64_t>(i)), r.id);
+    core_.PublishBlock(pool(), t[i], Key(r, static_cast<int64_t>(i)), r);
 }
 
 void EncoderGroup::Fork(const Request& parent, int32_t child_slot) {

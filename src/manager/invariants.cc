@@ -70,6 +70,7 @@ Status KvCacheManager::Impl::CheckInvariants() const {
       }
     }
   }
+  HKV_RETURN_IF_ERROR(core.CheckCoverage());
   if (core.arena.num_slabs() > 0) {
     Status s = core.arena.CheckInvariants(pools);
     if (!s.ok()) return Status::FailedPrecondition(fmt::format("invariant: {}", s.message()));

@@ -47,12 +47,13 @@ Result<KvCacheManager> KvCacheManager::Create(const ManagerConfig& config) {
     HKV_ASSIGN_OR_RETURN(core.arena,
                          SlabArena::Create(config.arena.num_slabs, config.arena.pages_per_slab));
     HKV_ASSIGN_OR_RETURN(core.pools, core.arena.MakePools(config.record_events));
-    return KvCacheManager(std::move(impl));
+  } else {
+    for (int32_t blocks : config.pool_blocks) {
+      HKV_ASSIGN_OR_RETURN(BlockPool pool, BlockPool::Create(blocks, config.record_events));
+      core.pools.push_back(std::move(pool));
+    }
   }
-  for (int32_t blocks : config.pool_blocks) {
-    HKV_ASSIGN_OR_RETURN(BlockPool pool, BlockPool::Create(blocks, config.record_events));
-    core.pools.push_back(std::move(pool));
-  }
+  core.StartCoverage();
   return KvCacheManager(std::move(impl));
 }
 
@@ -211,7 +212,9 @@ Status KvCacheManager::Allocate(RequestId id, int64_t num_new_tokens, const Pref
                                 int64_t lookahead) {
   Request* r = impl_->Find(id);
   if (r == nullptr) return impl_->Unknown("allocate", id);
-  return impl_->Allocate(*r, num_new_tokens, hit, lookahead);
+  const Status s = impl_->Allocate(*r, num_new_tokens, hit, lookahead);
+  impl_->core.SettleDrops();
+  return s;
 }
 
 Status KvCacheManager::Commit(RequestId id, int64_t computed) {
@@ -284,7 +287,7 @@ Status KvCacheManager::FinishLoad(RequestId id, bool loaded) {
     return Status::Ok();
   }
   for (const BlockLoad& l : r->loads)
-    m.core.PublishBlock(l.pool, l.block, l.key, id, l.position);
+    m.core.PublishBlock(l.pool, l.block, l.key, *r, l.position);
   m.core.stats.blocks_loaded += static_cast<int64_t>(r->loads.size());
   r->loads.clear();
   return Status::Ok();
@@ -300,8 +303,11 @@ Status KvCacheManager::ResetPrefixCache() {
                       p, bp.num_owned() - bp.num_free()));
     }
   }
-  for (BlockPool& bp : m.core.pools)
+  for (BlockPool& bp : m.core.pools) {
     bp.ResetPrefixCache();
+    bp.TakeDropped(m.core.dropped);  // nothing of it is cached any more
+  }
+  m.core.coverage.Clear();
   return Status::Ok();
 }
 

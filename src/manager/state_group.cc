@@ -129,7 +129,7 @@ void StateGroup::SettleSnapshots(StateSlot& ss, const Request& r, int64_t c, int
   for (const StateSnapshot& s : ss.snaps) {
     if (s.slot == live) continue;
     if (s.position <= publish_limit && core_.IsCheckpoint(r, s.position)) {
-      core_.PublishBlock(pool(), s.slot, Key(r, s.position), r.id, s.position);
+      core_.PublishBlock(pool(), s.slot, Key(r, s.position), r, s.position);
       to_release.push_back(s.slot);
     } else if (core_.config.enable_prefix_caching && s.position <= publish_limit &&
                s.position % core_.align == 0 && s.position > ss.rolling.position) {
@@ -161,7 +161,7 @@ void StateGroup::Commit(Request& r, int64_t c, int64_t publish_limit) {
   if (core_.config.enable_prefix_caching && c > 0 && c % core_.align == 0 && c <= publish_limit &&
       live != BlockPool::kNullBlock && !block_pool().has_identity(live)) {
     if (core_.IsCheckpoint(r, c)) {
-      core_.PublishBlock(pool(), live, Key(r, c), r.id, c);
+      core_.PublishBlock(pool(), live, Key(r, c), r, c);
     } else if (ss.rolling.block != live) {
       if (ss.rolling.block != BlockPool::kNullBlock) to_release.push_back(ss.rolling.block);
       ss.rolling = {c, live};
@@ -229,11 +229,11 @@ void StateGroup::Free(Request& r) {
   int64_t live_position = 0;
   if (ss.live != BlockPool::kNullBlock && c > 0 && c % core_.align == 0 && c <= r.known() &&
       c <= r.publish_until && !r.step_open) {
-    core_.PublishBlock(pool(), ss.live, Key(r, c), r.id, c);
+    core_.PublishBlock(pool(), ss.live, Key(r, c), r, c);
     live_position = c;
   }
   if (ss.rolling.block != BlockPool::kNullBlock) {
-    core_.PublishBlock(pool(), ss.rolling.block, Key(r, ss.rolling.position), r.id,
+    core_.PublishBlock(pool(), ss.rolling.block, Key(r, ss.rolling.position), r,
                        ss.rolling.position);
   }
   const int64_t rolling_position = ss.rolling.position;
@@ -300,7 +300,7 @@ void StateGroup::KeepGivenBack(const Request& q, const GivenBack& g) {
   // the block is held for the moment it takes, and freed again as Free would free it.
   const auto position = static_cast<int64_t>(g.index);
   Must(block_pool().Reacquire(g.block));
-  core_.PublishBlock(pool(), g.block, Key(q, position), q.id, position);
+  core_.PublishBlock(pool(), g.block, Key(q, position), q, position);
   core_.ReleaseOne(pool(), g.block, q.retention);
 }
 
@@ -359,11 +359,13 @@ StateStep StateGroup::StepState(int32_t slot) const {
 
 // ---- retention ------------------------------------------------------------------------------
 
-void StateGroup::DemoteCheckpoint(const Request& r, int64_t p) {
+bool StateGroup::DemoteCheckpoint(const Request& r, int64_t p) {
   BlockPool& bp = block_pool();
   const int32_t b = bp.Find(Key(r, p));
   // Held means some request is about to read it (or holds it as its own state): leave it.
-  if (b > BlockPool::kNullBlock && bp.ref_count(b) == 0) Must(bp.Demote(b));
+  if (b <= BlockPool::kNullBlock || bp.ref_count(b) != 0) return false;
+  Must(bp.Demote(b));
+  return true;
 }
 
 void StateGroup::DemoteBeyondCap(const Request& r, int64_t begin, int64_t end) {
@@ -398,6 +400,17 @@ void StateGroup::DemoteSupersededCheckpoints(const Request& r, int64_t live_posi
   };
   demote(prompt_ckpt);
   demote(rolling_position);
+  // The checkpoint the request's hit started from, which another request published (a previous
+  // turn's end), is superseded as well unless it is a branch point or another cached prefix
+  // continues from it: only a request leaving this path at that very point could still need it.
+  const int64_t h = r.own_from;
+  if (core_.cover && h > 0 && h < final_position && h != r.divergence && h % core_.align == 0) {
+    const BlockHash& digest = core_.HashAt(r, h);
+    if (!core_.coverage.IsBranch(digest) && core_.coverage.Children(digest) <= 1 &&
+        DemoteCheckpoint(r, h)) {
+      ++core_.stats.superseded_hits_demoted;
+    }
+  }
   if (interval == 0) return;
   // Older interval checkpoints were demoted by the cap while the request ran.
   int64_t lo = r.own_from;

@@ -84,8 +84,9 @@ class StateGroup final : public GroupManager {
                        int32_t live);
   // The step may write the live state in place: the request alone holds it and nobody can hit it.
   bool InPlace(const StateSlot& ss, bool started) const;
-  // Retention (manager_config.h): demotes the cached, unheld checkpoint at p.
-  void DemoteCheckpoint(const Request& r, int64_t position);
+  // Retention (manager_config.h): demotes the cached, unheld checkpoint at p; whether there was
+  // one.
+  bool DemoteCheckpoint(const Request& r, int64_t position);
   // Commit: demotes the interval checkpoints that those published in (begin, end] push beyond
   // the request's cap.
   void DemoteBeyondCap(const Request& r, int64_t begin, int64_t end);

@@ -115,7 +115,7 @@ void TokenGroup::Commit(Request& r, int64_t, int64_t publish_limit) {
   const int64_t full = ts.evicted > 0 ? 0 : publish_limit / bs;
   for (int64_t j = ts.num_published; j < full; ++j) {
     const int32_t b = ts.table[static_cast<size_t>(j)];
-    if (b != BlockPool::kNullBlock) core_.PublishBlock(pool(), b, Key(r, j), r.id, j * bs);
+    if (b != BlockPool::kNullBlock) core_.PublishBlock(pool(), b, Key(r, j), r, j * bs);
   }
   ts.num_published = std::max<int32_t>(ts.num_published, static_cast<int32_t>(full));
 }

@@ -207,6 +207,7 @@ void BlockPool::DropIdentity(int32_t b) {
   if (on_list_[i] && tick_[i] != 0) --seg_cached_queued_[Seg(segment_of(b))];
   SegmentCached(b, -1);
   Record(KvEvent::Kind::kRemoved, key_[i], b);
+  if (track_dropped_) dropped_.push_back(key_[i]);
 }
 
 Status BlockPool::Allocate(int32_t n, std::vector<int32_t>& out) {

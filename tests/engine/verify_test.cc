@@ -47,7 +47,8 @@ TEST_P(Verify, RandomWorkloadsMatchDenseAndExerciseEveryFeature) {
                all.truncations > 0 && all.drafts_accepted > 0;
     if (windows) ran = ran && all.window_blocks_freed > 0 && all.branch_blocks_given_back > 0;
     if (state) {
-      ran = ran && all.checkpoint_hits > 0 && shortest_hit > 0 && all.rolling_states_given_back > 0;
+      ran = ran && all.checkpoint_hits > 0 && shortest_hit > 0 &&
+            all.rolling_states_given_back > 0 && all.coverage_demotions > 0;
     }
     if (cross) ran = ran && all.cross_attention_reuses > 0;
     if (state && !windows) ran = ran && reclaimed > 0 && all.compactions > 0 && all.pages_moved > 0;
@@ -91,6 +92,7 @@ TEST_P(Verify, RandomWorkloadsMatchDenseAndExerciseEveryFeature) {
     all.window_blocks_freed += f.window_blocks_freed;
     all.branch_blocks_given_back += f.branch_blocks_given_back;
     all.rolling_states_given_back += f.rolling_states_given_back;
+    all.coverage_demotions += f.coverage_demotions;
     all.checkpoint_hits += f.checkpoint_hits;
     all.cross_attention_reuses += f.cross_attention_reuses;
     all.compactions += f.compactions;
@@ -102,7 +104,8 @@ TEST_P(Verify, RandomWorkloadsMatchDenseAndExerciseEveryFeature) {
       ", truncations " + std::to_string(all.truncations) + ", window frees " +
       std::to_string(all.window_blocks_freed) + ", branch windows given back " +
       std::to_string(all.branch_blocks_given_back) + ", rolling states given back " +
-      std::to_string(all.rolling_states_given_back) + ", checkpoint hits " +
+      std::to_string(all.rolling_states_given_back) + ", coverage demotions " +
+      std::to_string(all.coverage_demotions) + ", checkpoint hits " +
       std::to_string(all.checkpoint_hits) + ", encoder reuses " +
       std::to_string(all.cross_attention_reuses) + ", slabs reclaimed " +
       std::to_string(reclaimed) + ", compactions " + std::to_string(all.compactions) + " (" +
@@ -121,6 +124,9 @@ TEST_P(Verify, RandomWorkloadsMatchDenseAndExerciseEveryFeature) {
   // Rolling recurrent states were given back so that steps fit (published as checkpoints, or
   // written over in place), and every logit still matched dense.
   EXPECT_EQ(all.rolling_states_given_back > 0, state) << what;
+  // Checkpoints and attention blocks were demoted by coverage (evicted first, then reused for
+  // other data) and every logit still matched dense.
+  EXPECT_EQ(all.coverage_demotions > 0, state) << what;
   EXPECT_EQ(all.cross_attention_reuses > 0, cross) << what;
   // Recurrent models plan two-level memory: slabs moved between states and token pages while
   // every logit still matched dense, in one buffer where a slab given to two classes at once
@@ -134,6 +140,7 @@ TEST_P(Verify, RandomWorkloadsMatchDenseAndExerciseEveryFeature) {
   RecordProperty("slabs_reclaimed", std::to_string(reclaimed));
   RecordProperty("branch_blocks_given_back", std::to_string(all.branch_blocks_given_back));
   RecordProperty("rolling_states_given_back", std::to_string(all.rolling_states_given_back));
+  RecordProperty("coverage_demotions", std::to_string(all.coverage_demotions));
   // Recurrent hits shorter than the block a one-page-size allocator would have to use for this
   // model: with padded pages they could not exist, here they ran and matched dense.
   if (state) {

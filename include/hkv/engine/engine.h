@@ -144,7 +144,9 @@ struct EngineCounters {
   int64_t max_state_splits = 0;
   int64_t branch_blocks_given_back = 0;   // the manager's (ManagerStats), as of the last step
   int64_t rolling_states_given_back = 0;  // likewise
-  int64_t cross_attention_reuses = 0;     // requests that started on cached encoder K/V
+  // Likewise: the manager's checkpoint-coverage demotions of all three kinds (ManagerStats).
+  int64_t coverage_demotions = 0;
+  int64_t cross_attention_reuses = 0;  // requests that started on cached encoder K/V
   int64_t drafts_accepted = 0, drafts_rejected = 0;
   int64_t compactions = 0;      // Compact calls that returned slabs to the shared memory
   int64_t pages_moved = 0;      // pages those compactions moved (and the engine copied)

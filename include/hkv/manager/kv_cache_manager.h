@@ -85,6 +85,13 @@ struct ManagerStats {
   // it ends) that Allocate gave back for the same reason: published as cached checkpoints, or
   // dropped where the state was the request's live one (its step then writes in place).
   int64_t rolling_states_given_back = 0;
+  // Checkpoint coverage (ManagerConfig::evict_uncovered): cached attention blocks demoted when
+  // the last checkpoint covering them was evicted, cached checkpoints demoted when an attention
+  // block before them was, and checkpoints a request's hit started from demoted when it ended
+  // with a newer state on the same, unbranched path.
+  int64_t uncovered_blocks_demoted = 0;
+  int64_t unreachable_checkpoints_demoted = 0;
+  int64_t superseded_hits_demoted = 0;
   // External stores (Lookup with ExternalBlocks, FinishLoad): hit tokens that needed at least one
   // external block, blocks loaded and published, loads that failed (their requests started over).
   int64_t external_hit_tokens = 0;

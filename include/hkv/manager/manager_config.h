@@ -80,6 +80,11 @@ struct ManagerConfig {
   // false: vLLM's order (group by group, each tail first; released window blocks keep their
   // earlier place).
   bool coherent_eviction = true;
+  // A model with recurrent and full-attention groups: attention blocks that no cached checkpoint
+  // at or after them covers, and checkpoints whose attention prefix was evicted, can serve no hit
+  // (a hit needs both), so they are demoted - evicted before anything a hit can use - as soon as
+  // that happens. false: each page class keeps its own recency order.
+  bool evict_uncovered = true;
   bool record_events = true;
 
   // One pool per page class (its pages, capped to 2^31 - 1), one group per plan group.

@@ -140,6 +140,16 @@ class BlockPool {
   // Blocks in eviction order (the next Allocate takes them from the front).
   std::vector<int32_t> FreeListOrder() const;
   std::vector<KvEvent> TakeEvents();
+  // With tracking on (off by default), every identity the pool drops one at a time - a cached
+  // block reused, a segment given up, a key moved by MoveHeld (the new holder has it again) -
+  // is also logged for the owner, which drains the log after each call that may evict:
+  // TakeDropped hands it over in `out` (whose old contents it discards) and starts a new one.
+  // ResetPrefixCache logs nothing: it drops everything at once.
+  void TrackDropped(bool on) { track_dropped_ = on; }
+  void TakeDropped(std::vector<PrefixKey>& out) {
+    out.swap(dropped_);
+    dropped_.clear();
+  }
 
   // Checks every invariant of the contract; the second form also compares reference counts with
   // the holders the caller knows of (entry 0 is ignored). Names the first violation.
@@ -203,6 +213,8 @@ class BlockPool {
   PrefixIndex index_;
   bool record_events_ = true;
   std::vector<KvEvent> events_;
+  bool track_dropped_ = false;
+  std::vector<PrefixKey> dropped_;
   std::vector<int32_t> pending_;  // Free's validation: times listed per block, kept all zero
   std::vector<uint64_t> tick_;    // per free block: eviction clock when queued
   std::shared_ptr<uint64_t> clock_;
