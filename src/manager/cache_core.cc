@@ -162,21 +162,29 @@ void CacheCore::PublishBlock(int32_t pool, int32_t block, const PrefixKey& key, 
   Must(bp.Publish(block, key, r.id, position));
   // Counted only when this block took the key: a copy of a checkpoint already cached stays
   // private and covers nothing more.
-  if (cover && group_is_state[static_cast<size_t>(key.group)] != 0 && bp.has_identity(block)) {
+  if (cover && group_cover[static_cast<size_t>(key.group)] == kCoverState &&
+      bp.has_identity(block)) {
     const auto n = std::min(r.hashes.size(), static_cast<size_t>(position / hash_tokens));
     coverage.Cover({r.hashes.data(), n}, position == r.divergence);
   }
 }
 
 void CacheCore::StartCoverage() {
-  group_is_state.clear();
+  group_cover.clear();
   cover_token_groups.clear();
   cover_state_groups.clear();
   for (size_t g = 0; g < config.groups.size(); ++g) {
     const GroupConfig& gc = config.groups[g];
-    group_is_state.push_back(gc.is_state() ? 1 : 0);
-    if (gc.is_state()) cover_state_groups.push_back(static_cast<int32_t>(g));
-    if (gc.rule.kind == TokenRuleKind::kAll) cover_token_groups.push_back(static_cast<int32_t>(g));
+    // Window and chunked groups keep a hit's last blocks only; they stay out of the count.
+    uint8_t kind = kCoverNone;
+    if (gc.is_state()) {
+      kind = kCoverState;
+      cover_state_groups.push_back(static_cast<int32_t>(g));
+    } else if (gc.rule.kind == TokenRuleKind::kAll) {
+      kind = kCoverToken;
+      cover_token_groups.push_back(static_cast<int32_t>(g));
+    }
+    group_cover.push_back(kind);
   }
   cover = config.evict_uncovered && config.enable_prefix_caching && !cover_state_groups.empty() &&
           !cover_token_groups.empty();
@@ -216,15 +224,17 @@ void CacheCore::SettleDrops() {
   for (BlockPool& bp : pools) {
     bp.TakeDropped(dropped);
     for (const PrefixKey& k : dropped) {
-      if (bp.Find(k) >= 0) continue;  // moved (compaction), not evicted
-      if (group_is_state[static_cast<size_t>(k.group)] != 0) {
+      // Moved by compaction (or published again within the call): not evicted.
+      if (bp.Find(k) >= 0) continue;
+      const uint8_t kind = group_cover[static_cast<size_t>(k.group)];
+      if (kind == kCoverState) {
         uncovered.clear();
         coverage.Uncover(k.hash, uncovered);
         for (const BlockHash& h : uncovered) {
           for (int32_t g : cover_token_groups)
             demote(g, h, stats.uncovered_blocks_demoted);
         }
-      } else if (coverage.Count(k.hash) > 0) {
+      } else if (kind == kCoverToken && coverage.Count(k.hash) > 0) {
         for (int32_t g : cover_state_groups)
           demote(g, k.hash, stats.unreachable_checkpoints_demoted);
       }

@@ -108,7 +108,8 @@ struct CacheCore {
 
   bool cover = false;
   CheckpointCoverage coverage;
-  std::vector<uint8_t> group_is_state;  // per group
+  static constexpr uint8_t kCoverNone = 0, kCoverToken = 1, kCoverState = 2;
+  std::vector<uint8_t> group_cover;  // per group: which side of the count it is on
   std::vector<int32_t> cover_token_groups, cover_state_groups;
 
   // Scratch buffers reused by every call.

@@ -47,6 +47,12 @@ class SimulateCommandTest : public ::testing::Test {
     err = e.str();
     return rc;
   }
+  // The first run of `--json` output (one allocator given).
+  nlohmann::json FirstRun() {
+    std::string out, err;
+    EXPECT_EQ(Run(out, err), 0) << err;
+    return nlohmann::json::parse(out)["runs"][0];
+  }
 
   fs::path dir_;
   SimulateArgs args_;
@@ -105,15 +111,31 @@ TEST_F(SimulateCommandTest, CompactsTwoLevelMemoryUnlessTold) {
   args_.json = true;
   const auto replay = [&](bool no_compact) {
     args_.no_compact = no_compact;
-    std::string out, err;
-    EXPECT_EQ(Run(out, err), 0) << err;
-    return nlohmann::json::parse(out)["runs"][0];
+    return FirstRun();
   };
   const nlohmann::json on = replay(false), off = replay(true);
   EXPECT_GT(on["compaction"]["compactions"].get<int64_t>(), 0);
   EXPECT_GT(on["compaction"]["pages_moved"].get<int64_t>(), 0);
   EXPECT_GT(on["compaction"]["slabs_compacted"].get<int64_t>(), 0);
   EXPECT_EQ(off["compaction"]["pages_moved"].get<int64_t>(), 0);
+  EXPECT_GT(on["hit_rate"].get<double>(), off["hit_rate"].get<double>());
+  EXPECT_LT(on["scheduled_tokens"].get<int64_t>(), off["scheduled_tokens"].get<int64_t>());
+}
+
+// Bamba one request at a time in 2 GiB: checkpoint coverage (the default) evicts a conversation's
+// KV and its end state together and demotes the turns a follow-up supersedes; more prompt tokens
+// hit than with each page class evicting by its own recency.
+TEST_F(SimulateCommandTest, EvictsByCheckpointCoverageUnlessTold) {
+  args_.config = std::string(HKV_MODELS_DIR) + "/ibm-ai-platform--Bamba-9B";
+  args_.memory = "2GiB";
+  args_.allocator = "hybridkv";
+  args_.max_running = 1;
+  args_.json = true;
+  const auto replay = [&](bool no_coverage) {
+    args_.no_coverage = no_coverage;
+    return FirstRun();
+  };
+  const nlohmann::json on = replay(false), off = replay(true);
   EXPECT_GT(on["hit_rate"].get<double>(), off["hit_rate"].get<double>());
   EXPECT_LT(on["scheduled_tokens"].get<int64_t>(), off["scheduled_tokens"].get<int64_t>());
 }

@@ -206,6 +206,7 @@ bool SimulateRun(const Inputs& in, const SimulateArgs& args, Run& run, std::ostr
     }
     allocator = std::move(*a);
     allocator->config.max_state_splits = args.max_state_splits;
+    allocator->config.evict_uncovered = !args.no_coverage;
     run.block_tokens = allocator->block_tokens;
     run.state_page_bytes = allocator->state_page_bytes;
     run.pool_block_bytes = allocator->pool_block_bytes;
@@ -331,6 +332,9 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
   cmd->add_flag("--no-compact", args.no_compact,
                 "hkv modes with two-level memory: never compact (an engine that does not move "
                 "pages); by default they compact as the reference engine does");
+  cmd->add_flag("--no-coverage", args.no_coverage,
+                "hkv modes on recurrent hybrids: evict attention pages and checkpoints each by its "
+                "own recency (ManagerConfig::evict_uncovered off)");
   cmd->add_flag("--json", args.json, "print {\"runs\": [...]} instead of a table");
   return cmd;
 }

@@ -36,7 +36,8 @@ struct SimulateArgs {
   std::string csv_dir;
   std::string requests_csv_dir;
   std::string plot;
-  bool no_compact = false;  // hkv modes: an engine that never moves pages (CompactionDue off)
+  bool no_compact = false;   // hkv modes: an engine that never moves pages (CompactionDue off)
+  bool no_coverage = false;  // hkv modes: ManagerConfig::evict_uncovered off
   bool json = false;
 };
 
