@@ -33,7 +33,6 @@ Result<SlabArena> SlabArena::Create(int64_t num_slabs, std::span<const int32_t> 
   a.owner_.assign(static_cast<size_t>(num_slabs), -1);
   a.kept_.assign(static_cast<size_t>(num_slabs), 0);
   a.kept_empty_.assign(pages_per_slab.size(), 0);
-  a.received_.reserve(static_cast<size_t>(num_slabs));
   a.slab_moves_.assign(static_cast<size_t>(num_slabs), -1);
   a.unassigned_.reserve(static_cast<size_t>(num_slabs));
   // A stack popped from the back: slab 0 is handed out first.
@@ -72,15 +71,6 @@ void SlabArena::Move(std::span<BlockPool> pools, int32_t slab, int32_t from, siz
   }
   if (!pools[p].AddSegment(slab).ok()) std::abort();
   owner_[static_cast<size_t>(slab)] = static_cast<int32_t>(p);
-}
-
-void SlabArena::KeepReceived(int32_t slab, size_t p) {
-  // Its pages are counted on for p's need, though not yet allocated: another class taking it
-  // back in the same Reserve would make p evict what the move was meant to keep.
-  if (kept_[static_cast<size_t>(slab)] != 0) return;
-  kept_[static_cast<size_t>(slab)] = 1;
-  ++kept_empty_[p];
-  received_.push_back(slab);
 }
 
 int32_t SlabArena::FirstUnkept(const BlockPool& pool, int32_t seg) const {
@@ -153,9 +143,6 @@ Status SlabArena::Reserve(std::span<BlockPool> pools, std::span<const int64_t> n
   const Status s = ReserveKeeping(pools, need);
   for (const PoolBlock& k : keep)
     kept_[static_cast<size_t>(pools[static_cast<size_t>(k.pool)].segment_of(k.block))] = 0;
-  for (int32_t slab : received_)
-    kept_[static_cast<size_t>(slab)] = 0;
-  received_.clear();
   std::fill(kept_empty_.begin(), kept_empty_.end(), 0);
   return s;
 }
@@ -189,7 +176,6 @@ Status SlabArena::ReserveKeeping(std::span<BlockPool> pools, std::span<const int
           unassigned_.empty() ? Donor(pools, need, p, from, age) : unassigned_.back();
       if (slab < 0) std::abort();  // the feasibility check guaranteed a slab
       Move(pools, slab, from, p);
-      KeepReceived(slab, p);
     }
   }
   // Pages a class would take by evicting its own cached pages: a slab instead when one is free
@@ -230,7 +216,6 @@ Status SlabArena::ReserveKeeping(std::span<BlockPool> pools, std::span<const int
       }
       if (slab >= 0) {
         Move(pools, slab, from, p);  // its pages go ahead of `cur`, uncached
-        KeepReceived(slab, p);
         remaining -= std::min<int64_t>(remaining, pages_per_slab_[p]);
         looked = false;
       } else {

@@ -206,30 +206,6 @@ TEST(SlabArenaTest, BetweenWorthlessPagesAClassEvictsItsOwn) {
   EXPECT_EQ(next[1][0], got[1][0]);
 }
 
-TEST(SlabArenaTest, ASlabOneReserveMovesStaysWhereItWent) {
-  // Class 0 (one page per slab) needs a page and has only a fresh cached one: it takes class 1's
-  // slab of older cached pages instead. Class 1 then needs a page too; the slab class 0 just
-  // received caches nothing yet, but taking it back would make class 0 evict its fresh page
-  // after all. Class 1 reuses its own cached page.
-  Memory m(3, {1, 2});
-  std::vector<std::vector<int32_t>> got;
-  ASSERT_TRUE(m.Take({1, 4}, got).ok());
-  const std::vector<int32_t>& att = got[1];
-  for (int k = 0; k < 4; ++k)
-    ASSERT_TRUE(m.pools[1].Publish(att[static_cast<size_t>(k)], Key(10 + k, 1)).ok());
-  ASSERT_TRUE(m.pools[1].Free(std::vector<int32_t>{att[0], att[1]}).ok());  // a whole slab, old
-  ASSERT_TRUE(m.pools[1].Free(std::vector<int32_t>{att[3]}).ok());  // its slab still holds att[2]
-  ASSERT_TRUE(m.pools[0].Publish(got[0][0], Key(100)).ok());
-  ASSERT_TRUE(m.pools[0].Free(got[0]).ok());  // the freshest
-  std::vector<std::vector<int32_t>> next;
-  ASSERT_TRUE(m.Take({1, 1}, next).ok());
-  m.Check();
-  EXPECT_GE(m.pools[0].Find(Key(100)), 0);
-  EXPECT_EQ(m.pools[1].Find(Key(10)), -1);  // the old slab went to class 0
-  EXPECT_EQ(m.pools[1].Find(Key(13)), -1);  // class 1 reused its own page
-  EXPECT_EQ(next[1][0], att[3]);
-}
-
 TEST(SlabArenaTest, KeptBlocksHoldTheirSlab) {
   Memory m(2, {1, 1});
   std::vector<std::vector<int32_t>> a;

@@ -18,8 +18,7 @@
 //   instead when there is an unassigned or uncaching one, or when another class's empty slab
 //   became empty strictly before the page it would evict was freed: eviction follows one age
 //   order across classes, and between two things worth nothing (demoted pages and slabs, both of
-//   age 0) a class evicts its own. A slab moved in one Reserve is not moved again in it (its
-//   pages are counted on for its new class's need).
+//   age 0) a class evicts its own.
 // - Stranded pages are free pages that cache nothing inside slabs that still hold pages of
 //   their class: no other class can use them. Usage() measures them; a class takes a new slab
 //   only when it has no such page left, so they never exceed what its own frees left behind.
@@ -100,8 +99,6 @@ class SlabArena {
   int32_t Donor(std::span<BlockPool> pools, std::span<const int64_t> need, size_t p, int32_t& from,
                 uint64_t& age) const;
   int32_t FirstUnkept(const BlockPool& pool, int32_t segment) const;
-  // Marks a slab Reserve has just given to pool p as kept for the rest of the call.
-  void KeepReceived(int32_t slab, size_t p);
 
   Status CheckShapes(std::span<const BlockPool> pools, const char* call) const;
   Status CheckPlan(std::span<const BlockPool> pools, const CompactionPlan& plan);
@@ -113,7 +110,6 @@ class SlabArena {
   std::vector<int32_t> unassigned_;  // a stack; capacity num_slabs, so pushes never allocate
   std::vector<uint8_t> kept_;        // per slab, during Reserve: holds a block in `keep`
   std::vector<int64_t> kept_empty_;  // per class, during Reserve: empty slabs that are kept
-  std::vector<int32_t> received_;    // during Reserve: slabs it moved, kept until it returns
   // Compaction scratch, grown on first use and kept: candidate slabs, destination pages, and
   // per-slab / per-page marks that Compact's validation sets and clears again.
   std::vector<int32_t> candidates_;
