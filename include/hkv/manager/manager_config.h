@@ -83,7 +83,10 @@ struct ManagerConfig {
   // A model with recurrent and full-attention groups: attention blocks that no cached checkpoint
   // at or after them covers, and checkpoints whose attention prefix was evicted, can serve no hit
   // (a hit needs both), so they are demoted - evicted before anything a hit can use - as soon as
-  // that happens. false: each page class keeps its own recency order.
+  // that happens; and when a request ends with a newer state on the path its hit started from,
+  // the checkpoint it started from is demoted unless prefixes branch there. false: each page
+  // class keeps its own recency order, and only a request's own superseded checkpoints are
+  // demoted.
   bool evict_uncovered = true;
   bool record_events = true;
 
