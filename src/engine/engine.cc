@@ -585,9 +585,9 @@ Status Engine::Impl::StepRequest(Live* r, int64_t& budget, int64_t& executed) {
 
 Status Engine::Impl::Step() {
   ++counters_.steps;
-  counters_.branch_blocks_given_back = manager_->stats().branch_blocks_given_back;
-  counters_.rolling_states_given_back = manager_->stats().rolling_states_given_back;
   const ManagerStats& ms = manager_->stats();
+  counters_.branch_blocks_given_back = ms.branch_blocks_given_back;
+  counters_.rolling_states_given_back = ms.rolling_states_given_back;
   counters_.coverage_demotions =
       ms.uncovered_blocks_demoted + ms.unreachable_checkpoints_demoted + ms.superseded_hits_demoted;
   // No step is open between scheduler steps: pages may move now, before anything reads them.

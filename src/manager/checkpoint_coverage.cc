@@ -1,121 +1,120 @@
-// CheckpointCoverage: an open-addressing table of covered prefix digests with parent links.
+// CheckpointCoverage: covered prefix digests with counts and parent links, found through a
+// PrefixIndex.
 #include "checkpoint_coverage.h"
 
 #include <fmt/format.h>
 
 namespace hkv::manager_internal {
 
-CheckpointCoverage::CheckpointCoverage() : slots_(64), mask_(63) {}
+CheckpointCoverage::CheckpointCoverage() = default;
 
-size_t CheckpointCoverage::Probe(const BlockHash& d) const {
-  size_t i = Home(d);
-  while (slots_[i].count != 0 && !(slots_[i].digest == d))
-    i = (i + 1) & mask_;
-  return i;
+int32_t CheckpointCoverage::Add(const BlockHash& d, const BlockHash& parent) {
+  int32_t e;
+  if (!free_.empty()) {
+    e = free_.back();
+    free_.pop_back();
+  } else {
+    e = static_cast<int32_t>(entries_.size());
+    entries_.emplace_back();
+  }
+  entries_[static_cast<size_t>(e)] = {d, parent, 0, 0, false};
+  index_.Reserve(index_.size() + 1);
+  index_.Insert({d, 0}, e);
+  return e;
 }
 
-void CheckpointCoverage::Grow() {
-  std::vector<Entry> old(slots_.size() * 2);
-  old.swap(slots_);
-  mask_ = slots_.size() - 1;
-  for (const Entry& e : old) {
-    if (e.count != 0) slots_[Probe(e.digest)] = e;
-  }
+void CheckpointCoverage::Remove(int32_t e) {
+  Entry& x = entries_[static_cast<size_t>(e)];
+  index_.Erase({x.digest, 0});
+  x.count = 0;
+  free_.push_back(e);
 }
 
 void CheckpointCoverage::Cover(std::span<const BlockHash> chain, bool branch) {
+  int32_t parent = -1;
   for (size_t k = 0; k < chain.size(); ++k) {
-    if (2 * (size_ + 1) > static_cast<int64_t>(slots_.size())) Grow();
-    Entry& e = slots_[Probe(chain[k])];
-    if (e.count == 0) {
-      e = {chain[k], k == 0 ? kRootHash : chain[k - 1], 0, 0, false};
-      ++size_;
-      if (k > 0) ++slots_[Probe(chain[k - 1])].children;
+    int32_t e = Find(chain[k]);
+    if (e < 0) {
+      e = Add(chain[k], k == 0 ? kRootHash : chain[k - 1]);
+      if (parent >= 0) ++entries_[static_cast<size_t>(parent)].children;
     }
-    ++e.count;
-    if (branch && k + 1 == chain.size()) e.branch = true;
+    Entry& x = entries_[static_cast<size_t>(e)];
+    ++x.count;
+    if (branch && k + 1 == chain.size()) x.branch = true;
+    parent = e;
   }
-}
-
-void CheckpointCoverage::Erase(size_t hole) {
-  // Backward shift, as PrefixIndex does: no tombstones.
-  for (size_t j = (hole + 1) & mask_; slots_[j].count != 0; j = (j + 1) & mask_) {
-    const size_t home = Home(slots_[j].digest);
-    const bool movable = hole <= j ? (home <= hole || home > j) : (home <= hole && home > j);
-    if (movable) {
-      slots_[hole] = slots_[j];
-      hole = j;
-    }
-  }
-  slots_[hole].count = 0;
-  --size_;
 }
 
 void CheckpointCoverage::Uncover(const BlockHash& end, std::vector<BlockHash>& uncovered) {
   // A checkpoint never covered has no entry at its end; nothing of its prefix was counted for it.
-  if (slots_[Probe(end)].count == 0) return;
-  BlockHash d = end;
+  int32_t e = Find(end);
   bool child_gone = false;
-  while (!(d == kRootHash)) {
-    const size_t i = Probe(d);
-    if (slots_[i].count == 0) break;  // unreachable while the invariants hold
-    const BlockHash parent = slots_[i].parent;
-    if (child_gone) --slots_[i].children;
-    child_gone = --slots_[i].count == 0;
+  while (e >= 0) {
+    Entry& x = entries_[static_cast<size_t>(e)];
+    const BlockHash parent = x.parent;
+    if (child_gone) --x.children;
+    child_gone = --x.count == 0;
     if (child_gone) {
-      uncovered.push_back(d);
-      Erase(i);
+      uncovered.push_back(x.digest);
+      Remove(e);
     }
-    d = parent;
+    e = parent == kRootHash ? -1 : Find(parent);
   }
 }
 
 int32_t CheckpointCoverage::Count(const BlockHash& digest) const {
-  return slots_[Probe(digest)].count;
+  const int32_t e = Find(digest);
+  return e < 0 ? 0 : entries_[static_cast<size_t>(e)].count;
 }
 
 int32_t CheckpointCoverage::Children(const BlockHash& digest) const {
-  const Entry& e = slots_[Probe(digest)];
-  return e.count == 0 ? 0 : e.children;
+  const int32_t e = Find(digest);
+  return e < 0 ? 0 : entries_[static_cast<size_t>(e)].children;
 }
 
 bool CheckpointCoverage::IsBranch(const BlockHash& digest) const {
-  const Entry& e = slots_[Probe(digest)];
-  return e.count != 0 && e.branch;
+  const int32_t e = Find(digest);
+  return e >= 0 && entries_[static_cast<size_t>(e)].branch;
 }
 
 void CheckpointCoverage::Clear() {
-  for (Entry& e : slots_)
-    e.count = 0;
-  size_ = 0;
+  index_.Clear();
+  entries_.clear();
+  free_.clear();
 }
 
 Status CheckpointCoverage::CheckInvariants() const {
   int64_t n = 0;
-  std::vector<int32_t> children(slots_.size(), 0);
-  for (const Entry& e : slots_) {
-    if (e.count == 0) continue;
+  std::vector<int32_t> children(entries_.size(), 0);
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    const Entry& x = entries_[i];
+    if (x.count == 0) continue;
     ++n;
-    if (e.count < 0) return Status::FailedPrecondition("checkpoint coverage: negative count");
-    if (e.parent == kRootHash) continue;
-    const size_t p = Probe(e.parent);
-    if (slots_[p].count < e.count) {
+    if (x.count < 0) return Status::FailedPrecondition("checkpoint coverage: negative count");
+    if (Find(x.digest) != static_cast<int32_t>(i)) {
+      return Status::FailedPrecondition("checkpoint coverage: an entry the index does not name");
+    }
+    if (x.parent == kRootHash) continue;
+    const int32_t p = Find(x.parent);
+    if (p < 0 || entries_[static_cast<size_t>(p)].count < x.count) {
       return Status::FailedPrecondition(
           fmt::format("checkpoint coverage: a digest covered {} time(s) has a parent covered {}",
-                      e.count, slots_[p].count));
+                      x.count, p < 0 ? 0 : entries_[static_cast<size_t>(p)].count));
     }
-    ++children[p];
+    ++children[static_cast<size_t>(p)];
   }
-  for (size_t i = 0; i < slots_.size(); ++i) {
-    if (slots_[i].count != 0 && slots_[i].children != children[i]) {
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    if (entries_[i].count != 0 && entries_[i].children != children[i]) {
       return Status::FailedPrecondition(
           fmt::format("checkpoint coverage: an entry counts {} children, {} name it their parent",
-                      slots_[i].children, children[i]));
+                      entries_[i].children, children[i]));
     }
   }
-  if (n != size_) {
+  if (n != index_.size() ||
+      n + static_cast<int64_t>(free_.size()) != static_cast<int64_t>(entries_.size())) {
     return Status::FailedPrecondition(
-        fmt::format("checkpoint coverage: {} entries, size says {}", n, size_));
+        fmt::format("checkpoint coverage: {} live entries, {} indexed, {} free of {}", n,
+                    index_.size(), free_.size(), entries_.size()));
   }
   return Status::Ok();
 }

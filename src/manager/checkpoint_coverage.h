@@ -14,8 +14,8 @@
 // links to the root, and reports each digest no checkpoint covers any more, deepest first.
 // Count(digest) is the number of cached checkpoints whose prefix includes it. Digests are shared by
 // every group (PrefixKey adds the group), so one chain serves all attention groups. Memory: one
-// entry per covered digest, shared between checkpoints with a common prefix; the table grows
-// (rehashing) when half full and never shrinks, so steady state allocates nothing.
+// entry per covered digest, shared between checkpoints with a common prefix (a PrefixIndex maps
+// digests to entries); both grow when needed and never shrink, so steady state allocates nothing.
 //
 // Private to src/manager.
 #pragma once
@@ -26,6 +26,7 @@
 
 #include <hkv/common/status.h>
 #include <hkv/pool/block_hash.h>
+#include <hkv/pool/prefix_index.h>
 
 namespace hkv::manager_internal {
 
@@ -45,7 +46,7 @@ class CheckpointCoverage {
   int32_t Children(const BlockHash& digest) const;
   bool IsBranch(const BlockHash& digest) const;
   void Clear();
-  int64_t size() const { return size_; }
+  int64_t size() const { return index_.size(); }
 
   // Every entry has a positive count, at least that of each child, and as many children as
   // entries name it their parent.
@@ -55,18 +56,18 @@ class CheckpointCoverage {
   struct Entry {
     BlockHash digest;
     BlockHash parent;
-    int32_t count = 0;     // 0: empty slot
+    int32_t count = 0;     // 0: a free entry
     int32_t children = 0;  // entries naming this one their parent
     bool branch = false;   // a checkpoint was published here as a branch point
   };
-  size_t Home(const BlockHash& d) const { return static_cast<size_t>(d.lo ^ (d.hi >> 7)) & mask_; }
-  size_t Probe(const BlockHash& d) const;
-  void Grow();
-  void Erase(size_t slot);
+  // The entry of a digest, or -1. The project's prefix table maps digest -> entry (group 0).
+  int32_t Find(const BlockHash& d) const { return index_.Find({d, 0}); }
+  int32_t Add(const BlockHash& d, const BlockHash& parent);
+  void Remove(int32_t e);
 
-  std::vector<Entry> slots_;
-  size_t mask_ = 0;
-  int64_t size_ = 0;
+  PrefixIndex index_{32};
+  std::vector<Entry> entries_;
+  std::vector<int32_t> free_;  // entries to reuse
 };
 
 }  // namespace hkv::manager_internal

@@ -37,6 +37,14 @@ void Serve(Driver& d, RequestId id, const std::vector<int32_t>& prompt) {
 
 // The state block each checkpoint position was last published into, from the events since the
 // last call.
+// The tokens a new request with `prompt` would reuse; the request is added and freed again.
+int64_t HitOf(Driver& d, RequestId id, const std::vector<int32_t>& prompt) {
+  d.Add(id, prompt);
+  const int64_t tokens = d.Lookup(id).tokens;
+  d.Free(id);
+  return tokens;
+}
+
 std::map<int64_t, int32_t> Checkpoints(Driver& d) {
   std::map<int64_t, int32_t> out;
   for (const ManagerEvent& e : d.m().TakeEvents()) {
@@ -67,9 +75,7 @@ TEST_P(CheckpointCoverage, AnEvictedCheckpointDemotesTheAttentionOnlyItCovered) 
   // Demoted, not dropped: the block keeps its identity until reused.
   EXPECT_EQ(d.m().Usage(kAttentionPool).num_cached, 4);
   d.Free(2);
-  d.Add(3, Concat(Seq(4, 500), Seq(4, 1)));
-  EXPECT_EQ(d.Lookup(3).tokens, 4);
-  d.Free(3);
+  EXPECT_EQ(HitOf(d, 3, Concat(Seq(4, 500), Seq(4, 1))), 4);
 }
 
 TEST_P(CheckpointCoverage, AnEvictedAttentionBlockDemotesTheCheckpointAfterIt) {
@@ -87,9 +93,7 @@ TEST_P(CheckpointCoverage, AnEvictedAttentionBlockDemotesTheCheckpointAfterIt) {
   EXPECT_EQ(d.m().Usage(kStatePool).num_cached, 2);  // demoted, still cached
   d.Free(2);
   // Request 1's prefix is whole, and still hits.
-  d.Add(3, Concat(Seq(8, 500), Seq(4, 1)));
-  EXPECT_EQ(d.Lookup(3).tokens, 8);
-  d.Free(3);
+  EXPECT_EQ(HitOf(d, 3, Concat(Seq(8, 500), Seq(4, 1))), 8);
 }
 
 TEST_P(CheckpointCoverage, AFollowUpDemotesThePreviousTurnsEndButNotABranchPoint) {
