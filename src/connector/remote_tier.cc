@@ -17,9 +17,11 @@ using connector_format::Put32;
 using connector_format::Put64;
 
 constexpr uint64_t kMagic = 0x006d657274766b68ull;  // "hkvtrem"
-constexpr uint32_t kVersion = 1;
-constexpr size_t kHeader = 48;
-constexpr size_t kChecksumAt = 40;
+// Version 2 added the model identity.
+constexpr uint32_t kVersion = 2;
+// magic, version, key group, key digest (lo, hi), model (lo, hi), payload bytes, checksum
+constexpr size_t kHeader = 64;
+constexpr size_t kChecksumAt = 56;
 
 struct ReplyFree {
   void operator()(redisReply* r) const { freeReplyObject(r); }
@@ -72,6 +74,11 @@ Result<std::unique_ptr<RemoteTier>> RemoteTier::Connect(const RemoteTierOptions&
   if (options.capacity_bytes < 0) {
     return Status::InvalidArgument(
         fmt::format("remote tier: capacity {} bytes: expected >= 0", options.capacity_bytes));
+  }
+  if (options.model == ModelIdentity{}) {
+    return Status::InvalidArgument(
+        "remote tier: no model identity (ComputeModelIdentity): entries of different models "
+        "must not share a key");
   }
   std::unique_ptr<RemoteTier> tier(new RemoteTier(options));
   HKV_RETURN_IF_ERROR(tier->Open());
@@ -130,8 +137,8 @@ Status RemoteTier::Ready() const {
 }
 
 std::string RemoteTier::ServerKey(const PrefixKey& key) const {
-  return fmt::format("{}:{:016x}{:016x}-{:x}", options_.name_space, key.hash.hi, key.hash.lo,
-                     static_cast<uint32_t>(key.group));
+  return fmt::format("{}:{}:{:016x}{:016x}-{:x}", options_.name_space, options_.model.Hex(),
+                     key.hash.hi, key.hash.lo, static_cast<uint32_t>(key.group));
 }
 
 bool RemoteTier::Contains(const PrefixKey& key) const {
@@ -161,7 +168,9 @@ Status RemoteTier::Put(const PrefixKey& key, std::span<const unsigned char> byte
   Put32(h + 12, static_cast<uint32_t>(key.group));
   Put64(h + 16, key.hash.lo);
   Put64(h + 24, key.hash.hi);
-  Put64(h + 32, bytes.size());
+  Put64(h + 32, options_.model.lo);
+  Put64(h + 40, options_.model.hi);
+  Put64(h + 48, bytes.size());
   Put64(h + kChecksumAt, connector_format::SeededChecksum({h, kChecksumAt}, bytes));
   if (!bytes.empty()) std::memcpy(h + kHeader, bytes.data(), bytes.size());
   const std::string k = ServerKey(key);
@@ -208,9 +217,12 @@ Result<std::vector<unsigned char>> RemoteTier::Get(const PrefixKey& key) {
   } else if (Get32(v + 12) != static_cast<uint32_t>(key.group) || Get64(v + 16) != key.hash.lo ||
              Get64(v + 24) != key.hash.hi) {
     damage = "another key's value";
-  } else if (Get64(v + 32) != n - kHeader) {
+  } else if (Get64(v + 32) != options_.model.lo || Get64(v + 40) != options_.model.hi) {
+    damage = fmt::format("a value of model {:016x}{:016x}, not of {}", Get64(v + 40), Get64(v + 32),
+                         options_.model.Hex());
+  } else if (Get64(v + 48) != n - kHeader) {
     damage = fmt::format("a {} value: its header says {} payload bytes, it has {}",
-                         Get64(v + 32) > n - kHeader ? "truncated" : "padded", Get64(v + 32),
+                         Get64(v + 48) > n - kHeader ? "truncated" : "padded", Get64(v + 48),
                          n - kHeader);
   } else if (connector_format::SeededChecksum({v, kChecksumAt}, {v + kHeader, n - kHeader}) !=
              Get64(v + kChecksumAt)) {

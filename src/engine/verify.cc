@@ -284,11 +284,22 @@ Status VerifyRun::Check(const PlanOptions& po, const KvEventPublisher* publisher
 
 }  // namespace
 
+uint64_t VerifyWeightsSeed(const VerifyOptions& options) {
+  return options.weights_seed != 0 ? options.weights_seed : options.seed ^ 0x5eed;
+}
+
+Result<ModelIdentity> VerifyModelIdentity(const ModelSpec& real, const VerifyOptions& options) {
+  ModelIdentitySources sources;
+  sources.weights_id = fmt::format("hkv tiny model, weight seed {}", VerifyWeightsSeed(options));
+  sources.block_tokens = options.block_tokens;
+  return ComputeModelIdentity(real, sources);
+}
+
 Result<VerifyReport> RunVerify(const ModelSpec& real, const VerifyOptions& o) {
   HKV_RETURN_IF_ERROR(CheckOptions(o));
   TinyModelOptions tiny_options;
   HKV_ASSIGN_OR_RETURN(const ModelSpec spec, ScaleModel(real, tiny_options));
-  const ModelWeights weights = ModelWeights::Random(spec, tiny_options.vocab, o.seed ^ 0x5eed);
+  const ModelWeights weights = ModelWeights::Random(spec, tiny_options.vocab, VerifyWeightsSeed(o));
   HKV_ASSIGN_OR_RETURN(PlanOptions po, VerifyPlanOptions(spec, o));
   HKV_ASSIGN_OR_RETURN(const Plan plan, VerifyPlan(spec, o, po));
   HKV_ASSIGN_OR_RETURN(ManagerConfig config, ManagerConfig::FromPlan(plan));

@@ -27,6 +27,8 @@
 #include <hkv/common/result.h>
 #include <hkv/connector/remote_tier.h>
 
+#include "test_model.h"
+
 extern char** environ;
 
 namespace hkv::testing {
@@ -72,6 +74,7 @@ class RedisServer {
     RemoteTierOptions o;
     o.port = port_;
     o.name_space = std::move(name_space);
+    o.model = TestModel();
     o.capacity_bytes = capacity;
     o.timeout_ms = 1000;
     o.retry_after_ms = 50;

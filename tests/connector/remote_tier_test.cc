@@ -89,14 +89,14 @@ TEST(RemoteTierTest, DamagedValuesOnTheServerAreMissesNeverWrongBytes) {
   // garbage: each a miss that drops the entry and deletes the value.
   ASSERT_TRUE(tier->Put(K(2), payload).ok());
   const std::string other = raw.Get(tier->ServerKey(K(2)));
-  ASSERT_EQ(other.size(), 48u + 300u);
+  ASSERT_EQ(other.size(), 64u + 300u);
   std::vector<std::string> damaged;
   for (size_t i = 0; i < other.size(); i += 7) {
     std::string v = other;
     v[i] = static_cast<char>(v[i] ^ 0x10);
     damaged.push_back(v);
   }
-  for (size_t n : {size_t{0}, size_t{10}, size_t{47}, size_t{48}, size_t{200}, other.size() - 1})
+  for (size_t n : {size_t{0}, size_t{10}, size_t{63}, size_t{64}, size_t{200}, other.size() - 1})
     damaged.push_back(other.substr(0, n));
   damaged.push_back(other + "x");
   damaged.push_back("not a value at all");
@@ -117,17 +117,18 @@ TEST(RemoteTierTest, DamagedValuesOnTheServerAreMissesNeverWrongBytes) {
   EXPECT_NE(foreign.status().message().find("another key's value"), std::string::npos)
       << foreign.status().message();
   ++expected;
-  // Key 1's own value, each header field damaged in turn, names that field (48-byte header:
-  // magic, version at 8, key, length at 32).
+  // Key 1's own value, each header field damaged in turn, names that field (64-byte header:
+  // magic, version at 8, key, model at 32, length at 48).
   ASSERT_TRUE(tier->Put(K(1), payload).ok());
   const std::string own = raw.Get(tier->ServerKey(K(1)));
-  ASSERT_EQ(own.size(), 48u + 300u);
+  ASSERT_EQ(own.size(), 64u + 300u);
   const std::pair<std::string, std::string> named[] = {
-      {own.substr(0, 200), "a truncated value: its header says 300 payload bytes, it has 152"},
+      {own.substr(0, 200), "a truncated value: its header says 300 payload bytes, it has 136"},
       {own + "x", "a padded value: its header says 300 payload bytes, it has 301"},
       {std::string(1, static_cast<char>(own[0] ^ 0x10)) + own.substr(1), "not a remote tier value"},
       {own.substr(0, 8) + static_cast<char>(own[8] ^ 0x02) + own.substr(9),
-       "a version 3 value; expected version 1"},
+       "a version 0 value; expected version 2"},
+      {own.substr(0, 32) + static_cast<char>(own[32] ^ 0x01) + own.substr(33), "a value of model"},
   };
   for (const auto& [value, what] : named) {
     ASSERT_TRUE(tier->Put(K(1), payload).ok());
@@ -202,7 +203,11 @@ TEST(RemoteTierTest, BadOptionsAndUnreachableServersAreRefusedByName) {
   const Status s = RemoteTier::Connect(dead.Options("x")).status();
   EXPECT_EQ(s.code(), StatusCode::kIoError);
   EXPECT_NE(s.message().find(std::to_string(dead.port())), std::string::npos) << s.ToString();
+  o = SharedRedisServer().Options("ok");
+  o.model = ModelIdentity{};
+  refused(o, "no model identity");
   o = RemoteTierOptions{};
+  o.model = testing::TestModel();
   o.unix_socket = "/nonexistent/redis.sock";
   EXPECT_EQ(RemoteTier::Connect(o).status().code(), StatusCode::kIoError);
 }

@@ -11,12 +11,21 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <hkv/connector/disk_tier.h>
 #include <hkv/pool/block_hash.h>
+
+#include "test_model.h"
 
 namespace hkv::testing {
 
 inline PrefixKey K(uint64_t n) {
   return PrefixKey{BlockHash{n, n * 3}, static_cast<int32_t>(n % 2)};
+}
+inline DiskTierOptions DiskOptions(int64_t capacity, uint64_t model = 1) {
+  DiskTierOptions o;
+  o.capacity_bytes = capacity;
+  o.model = TestModel(model);
+  return o;
 }
 inline std::vector<unsigned char> Bytes(size_t n, unsigned char fill) {
   return std::vector<unsigned char>(n, fill);

@@ -25,6 +25,15 @@ ModelSpec Load(const std::string& name) {
   return LoadModelConfig(std::string(HKV_MODELS_DIR) + "/" + name + "/config.json").value();
 }
 
+// A disk tier in `dir` for the model a run of `o` serves.
+DiskTier OpenDisk(const std::filesystem::path& dir, const ModelSpec& model,
+                  const VerifyOptions& o) {
+  DiskTierOptions d;
+  d.capacity_bytes = int64_t{256} << 20;
+  d.model = VerifyModelIdentity(model, o).value();
+  return DiskTier::Open(dir, d).value();
+}
+
 void ExpectExact(const VerifyReport& r) {
   EXPECT_TRUE(r.completed);
   EXPECT_GT(r.requests, 0);
@@ -104,10 +113,10 @@ TEST(Offload, DiskTierReloadsMatchDense) {
       std::filesystem::temp_directory_path() / ("hkv_offload_disk_" + std::to_string(::getpid()));
   for (const char* model : {"ibm-ai-platform--Bamba-9B", "google--gemma-2-9b"}) {
     SCOPED_TRACE(model);
-    DiskTier disk = DiskTier::Open(dir, int64_t{256} << 20).value();
     VerifyOptions o;
     o.requests = 16;
     o.seed = 5;
+    DiskTier disk = OpenDisk(dir, Load(model), o);
     o.offload = OffloadOptions{{&disk}};
     o.restarts = 1;
     const VerifyReport r = RunVerify(Load(model), o).value();
@@ -126,17 +135,18 @@ TEST(Offload, CorruptedDiskFilesAreMissesAndRecompute) {
                    ("hkv_offload_corrupt_" + std::to_string(::getpid()));
   for (const char* model : {"meta-llama--Llama-3.1-8B", "ibm-ai-platform--Bamba-9B"}) {
     SCOPED_TRACE(model);
-    DiskTier disk = DiskTier::Open(dir, int64_t{256} << 20).value();
     VerifyOptions o;
     o.requests = 16;
     o.seed = 5;
+    DiskTier disk = OpenDisk(dir, Load(model), o);
     o.offload = OffloadOptions{{&disk}};
     o.restarts = 1;
     int64_t damaged = 0;
     o.after_step = [&](int32_t engine, const EngineCounters&) {
       if (engine != 1 || damaged > 0) return;
       int64_t i = 0;
-      for (const auto& f : std::filesystem::directory_iterator(dir)) {
+      for (const auto& f : std::filesystem::directory_iterator(disk.dir())) {
+        if (f.path().extension() != ".hkv") continue;
         const auto size = std::filesystem::file_size(f.path());
         if (++i % 3 == 0) {
           std::filesystem::resize_file(f.path(), size / 2);

@@ -9,6 +9,7 @@
 #include "plan_command.h"
 #include "simulate_command.h"
 #include "sparse_eval_command.h"
+#include "tier_command.h"
 #include "trace_command.h"
 #include "verify_command.h"
 
@@ -26,6 +27,8 @@ int main(int argc, char** argv) {
   CLI::App* verify = hkv::cli::AddVerifyCommand(app, verify_args);
   hkv::cli::SparseEvalArgs sparse_eval_args;
   CLI::App* sparse_eval = hkv::cli::AddSparseEvalCommand(app, sparse_eval_args);
+  hkv::cli::TierArgs tier_args;
+  const hkv::cli::TierCommands tier = hkv::cli::AddTierCommand(app, tier_args);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -39,6 +42,9 @@ int main(int argc, char** argv) {
   if (verify->parsed()) return hkv::cli::RunVerifyCommand(verify_args, std::cout, std::cerr);
   if (sparse_eval->parsed()) {
     return hkv::cli::RunSparseEvalCommand(sparse_eval_args, std::cout, std::cerr);
+  }
+  if (tier.list->parsed() || tier.drop->parsed()) {
+    return hkv::cli::RunTierCommand(tier, tier_args, std::cout, std::cerr);
   }
   return 1;
 }

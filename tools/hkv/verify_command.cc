@@ -23,6 +23,9 @@ CLI::App* AddVerifyCommand(CLI::App& app, VerifyArgs& args) {
   cmd->add_option("--requests", args.options.requests, "requests to submit")
       ->check(CLI::Range(1, 100000));
   cmd->add_option("--seed", args.options.seed, "workload and weight seed");
+  cmd->add_option("--weights-seed", args.options.weights_seed,
+                  "the tiny model's weight seed (default: from --seed); the tiers keep models "
+                  "of other weights apart");
   cmd->add_option("--steps", args.options.max_steps, "most scheduler steps")
       ->check(CLI::Range(int64_t{1}, int64_t{100000000}));
   cmd->add_option("--memory", args.options.memory_bytes,
@@ -98,8 +101,8 @@ RemoteTierOptions RedisOptions(const std::string& offload, int64_t capacity_byte
 
 // The --offload tier into `tier` (a disk tier without a directory gets a new temp_dir); false
 // (after saying why) when it cannot be opened.
-bool OpenTier(const std::string& offload, std::unique_ptr<Tier>& tier,
-              std::filesystem::path& temp_dir, std::ostream& err) {
+bool OpenTier(const std::string& offload, const ModelIdentity& model, const std::string& label,
+              std::unique_ptr<Tier>& tier, std::filesystem::path& temp_dir, std::ostream& err) {
   constexpr int64_t kTierBytes = int64_t{1} << 30;
   if (offload == "host") {
     tier = std::make_unique<HostTier>(kTierBytes);
@@ -110,14 +113,20 @@ bool OpenTier(const std::string& offload, std::unique_ptr<Tier>& tier,
           std::filesystem::temp_directory_path() / fmt::format("hkv-verify-disk-{}", ::getpid());
       dir = temp_dir;
     }
-    auto disk = DiskTier::Open(dir, kTierBytes);
+    DiskTierOptions o;
+    o.capacity_bytes = kTierBytes;
+    o.model = model;
+    o.label = label;
+    auto disk = DiskTier::Open(dir, o);
     if (!disk.ok()) {
       err << "hkv verify: --offload: " << disk.status().ToString() << "\n";
       return false;
     }
     tier = std::make_unique<DiskTier>(std::move(disk).value());
   } else if (offload.starts_with("redis:")) {
-    auto remote = RemoteTier::Connect(RedisOptions(offload, kTierBytes));
+    RemoteTierOptions ro = RedisOptions(offload, kTierBytes);
+    ro.model = model;
+    auto remote = RemoteTier::Connect(ro);
     if (!remote.ok()) {
       err << "hkv verify: --offload: " << remote.status().ToString() << "\n";
       return false;
@@ -132,7 +141,7 @@ bool OpenTier(const std::string& offload, std::unique_ptr<Tier>& tier,
 }
 
 void PrintJson(const VerifyArgs& args, const VerifyOptions& options, const VerifyReport& r,
-               std::ostream& out) {
+               const Tier* tier, std::ostream& out) {
   const EngineCounters& f = r.features;
   nlohmann::json j;
   j["model"] = r.model;
@@ -171,6 +180,11 @@ void PrintJson(const VerifyArgs& args, const VerifyOptions& options, const Verif
                     {"external_hits", r.external_hits},
                     {"loads_completed", r.loads_completed},
                     {"loads_failed", r.loads_failed}};
+    if (const auto* disk = dynamic_cast<const DiskTier*>(tier)) {
+      // What this process found on disk from earlier ones.
+      j["offload"]["entries_at_open"] = disk->open_stats().entries_loaded;
+      j["offload"]["model"] = disk->model().Hex();
+    }
   }
   out << j.dump(2) << "\n";
 }
@@ -228,7 +242,14 @@ int RunVerifyCommand(const VerifyArgs& args, std::ostream& out, std::ostream& er
   std::unique_ptr<Tier> tier;
   std::filesystem::path temp_dir;
   if (!args.offload.empty()) {
-    if (!OpenTier(args.offload, tier, temp_dir, err)) return 2;
+    const Result<ModelIdentity> identity = VerifyModelIdentity(*model, options);
+    if (!identity.ok()) {
+      err << "hkv verify: " << identity.status().ToString() << "\n";
+      return 2;
+    }
+    const std::string label = fmt::format("{} (hkv verify, weight seed {})", model->model_type,
+                                          VerifyWeightsSeed(options));
+    if (!OpenTier(args.offload, *identity, label, tier, temp_dir, err)) return 2;
     options.offload = OffloadOptions{{tier.get()}};
   } else if (options.restarts > 0) {
     err << "hkv verify: --restarts needs --offload (a fresh engine without a tier starts empty)\n";
@@ -252,7 +273,7 @@ int RunVerifyCommand(const VerifyArgs& args, std::ostream& out, std::ostream& er
   }
   const VerifyReport& r = *report;
   if (args.json) {
-    PrintJson(args, options, r, out);
+    PrintJson(args, options, r, tier.get(), out);
   } else {
     PrintText(args, options, r, out);
   }

@@ -2,11 +2,12 @@
 // share prefixes: what one stores, another finds.
 //
 // Contract: as Tier (hkv/connector/tier.h), with what a shared store changes:
-// - Keys live under `<namespace>:<digest hex>-<group hex>`; engines that share a namespace share
-//   entries. A value is a 48-byte header (magic, version, key, length, XXH3 over header and
-//   payload) and the payload, so a value that is damaged, truncated or another key's is a miss
-//   (NotFound saying what was wrong; the value is deleted and corruptions_detected() counts it),
-//   never wrong bytes.
+// - Keys live under `<namespace>:<model hex>:<digest hex>-<group hex>`; engines of one model
+//   (ModelIdentity) that share a namespace share entries, and another model's keys are never
+//   asked for. A value is a 64-byte header (magic, version, key, model, length, XXH3 over header
+//   and payload) and the payload, so a value that is damaged, truncated, another key's or another
+//   model's is a miss (NotFound saying what was wrong; the value is deleted and
+//   corruptions_detected() counts it), never wrong bytes.
 // - The byte budget, LRU order and pins cover the entries *this* tier put (its own TierIndex):
 //   a Put evicts this tier's least recently used unpinned entries (DEL on the server) to fit,
 //   LruOrder lists them, Pin/Unpin/Evict apply to them only. Contains and Get also see every
@@ -24,6 +25,7 @@
 #include <memory>
 #include <string>
 
+#include <hkv/connector/model_identity.h>
 #include <hkv/connector/tier_index.h>
 
 struct redisContext;
@@ -35,6 +37,7 @@ struct RemoteTierOptions {
   int port = 6379;
   std::string unix_socket;  // a path: connect over a Unix domain socket instead
   std::string name_space = "hkv";
+  ModelIdentity model;  // the model whose blocks this tier holds (ComputeModelIdentity)
   int64_t capacity_bytes = int64_t{1} << 30;  // this tier's own entries (payload bytes)
   int timeout_ms = 1000;                      // connect and per-command
   int retry_after_ms = 200;                   // after a failure, calls fail fast this long

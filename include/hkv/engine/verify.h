@@ -21,6 +21,7 @@
 #include <string>
 
 #include <hkv/common/result.h>
+#include <hkv/connector/model_identity.h>
 #include <hkv/engine/engine.h>
 #include <hkv/spec/model_spec.h>
 
@@ -29,6 +30,9 @@ namespace hkv {
 struct VerifyOptions {
   int32_t requests = 24;
   uint64_t seed = 1;
+  // The tiny model's weights; 0: derived from `seed`. Two runs with one seed and different weight
+  // seeds serve the same prompts with models of identical geometry - a base and its fine-tune.
+  uint64_t weights_seed = 0;
   int64_t max_steps = 5000;
   int64_t memory_bytes = 0;  // 0: about three of the workload's longest sequences
   int32_t block_tokens = 4;
@@ -78,5 +82,11 @@ struct VerifyReport {
 };
 
 Result<VerifyReport> RunVerify(const ModelSpec& real, const VerifyOptions& options);
+
+// The seed of the tiny model's weights a run uses.
+uint64_t VerifyWeightsSeed(const VerifyOptions& options);
+// The identity of the model a run serves, its weights named by their seed: what the tiers a run
+// shares must be opened with, so that runs with other weights never load its entries.
+Result<ModelIdentity> VerifyModelIdentity(const ModelSpec& real, const VerifyOptions& options);
 
 }  // namespace hkv
