@@ -5,7 +5,7 @@ set -euo pipefail
 packages=(g++ cmake ninja-build ccache pkg-config libgtest-dev libgmock-dev libbenchmark-dev
           nlohmann-json3-dev libcli11-dev libfmt-dev libxxhash-dev clang-format clang libclang-rt-14-dev gnuplot-nox
           python3 python3-dev pybind11-dev python3-numpy python3-pytest
-          redis-server libhiredis-dev libzmq3-dev cppzmq-dev libmsgpack-cxx-dev python3-zmq
+          redis-server libhiredis-dev libsodium-dev libzmq3-dev cppzmq-dev libmsgpack-cxx-dev python3-zmq
           python3-msgpack python3-venv python3-pip python3-setuptools python3-wheel)
 
 missing=()

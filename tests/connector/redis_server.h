@@ -44,6 +44,19 @@ class RedisServer {
     if (!dir_.empty()) std::filesystem::remove_all(dir_, ec);
   }
 
+  // Before Start: more server arguments (e.g. {"--requirepass", "pw"}), and the credentials the
+  // probe and Options() then use.
+  void AddArgs(std::vector<std::string> args) {
+    extra_args_.insert(extra_args_.end(), args.begin(), args.end());
+  }
+  void SetCredentials(std::string username, std::string password) {
+    username_ = std::move(username);
+    password_ = std::move(password);
+  }
+  // Before Start: also listen on this Unix socket.
+  void SetUnixSocket(std::filesystem::path path) { unix_socket_ = std::move(path); }
+  const std::filesystem::path& unix_socket() const { return unix_socket_; }
+
   Status Start() {
     for (int attempt = 0; attempt < 5; ++attempt) {
       const int port = FreePort();
@@ -75,6 +88,8 @@ class RedisServer {
     o.port = port_;
     o.name_space = std::move(name_space);
     o.model = TestModel();
+    o.username = username_;
+    o.password = password_;
     o.capacity_bytes = capacity;
     o.timeout_ms = 1000;
     o.retry_after_ms = 50;
@@ -124,6 +139,11 @@ class RedisServer {
                                      "no",
                                      "--protected-mode",
                                      "no"};
+    if (!unix_socket_.empty()) {
+      args.push_back("--unixsocket");
+      args.push_back(unix_socket_.string());
+    }
+    args.insert(args.end(), extra_args_.begin(), extra_args_.end());
     std::vector<char*> argv;
     for (std::string& s : args)
       argv.push_back(s.data());
@@ -159,6 +179,9 @@ class RedisServer {
   pid_t pid_ = -1;
   int port_ = 0;
   std::filesystem::path dir_;
+  std::vector<std::string> extra_args_;
+  std::string username_, password_;
+  std::filesystem::path unix_socket_;
 };
 
 // One server for a whole test binary, started on first use and killed at exit; tests keep apart

@@ -1,7 +1,10 @@
 // RemoteTier against a real redis-server on loopback: two tiers (two engines) share entries
-// through one server, damaged values on the server are misses, a killed server fails every call
-// quickly and a restarted one is reconnected to, bad options are refused by name.
+// through one server, which owns them (or one tier does, when told); damaged and forged values on
+// the server are misses; AUTH with a password or an ACL user, over TCP or a Unix socket; a killed
+// server fails every call quickly and a restarted one is reconnected to; bad options are refused
+// by name.
 #include <chrono>
+#include <filesystem>
 #include <string>
 #include <utility>
 
@@ -72,11 +75,134 @@ TEST(RemoteTierTest, TwoTiersShareEntriesThroughOneServer) {
   // A Put of what the server holds keeps the stored value (content-named).
   ASSERT_TRUE(b->Put(K(1), Bytes(1000, 7)).ok());
   EXPECT_EQ(b->LruOrder().size(), 1u);
-  // a evicts its own entry: gone for everyone.
+  // a evicts its entry: a forgets it, but the entry is the server's, and b still finds it.
   ASSERT_TRUE(a->Evict(K(1)).ok());
-  EXPECT_FALSE(a->Contains(K(1)) && b->Get(K(1)).ok());
+  EXPECT_TRUE(a->LruOrder().empty());
+  EXPECT_EQ(b->Get(K(1)).value(), Bytes(1000, 7));
   EXPECT_EQ(other->Get(K(2)).status().code(), StatusCode::kNotFound);
   EXPECT_EQ(other->misses(), 1);
+}
+
+// Budget evictions: by default the server owns the entries (a tier's budget bounds only its own
+// index; nothing is deleted that another engine may use); with kTier the tier deletes its own.
+TEST(RemoteTierTest, EvictionDeletesOnlyWhenTheTierOwnsItsEntries) {
+  for (const auto ownership :
+       {RemoteTierOptions::Ownership::kServer, RemoteTierOptions::Ownership::kTier}) {
+    const bool owns = ownership == RemoteTierOptions::Ownership::kTier;
+    SCOPED_TRACE(owns ? "tier" : "server");
+    RemoteTierOptions o = SharedRedisServer().Options(FreshNamespace("own"), 200);
+    o.ownership = ownership;
+    auto a = Connect(o);
+    auto b = Connect(o);
+    Raw raw(SharedRedisServer().port());
+    ASSERT_TRUE(a->Put(K(1), Bytes(100, 1)).ok());
+    ASSERT_TRUE(a->Put(K(2), Bytes(100, 2)).ok());
+    ASSERT_TRUE(a->Put(K(3), Bytes(100, 3)).ok());  // evicts K(1) from a's budget
+    EXPECT_EQ(a->LruOrder(), (std::vector<PrefixKey>{K(2), K(3)}));
+    EXPECT_EQ(raw.Exists(a->ServerKey(K(1))), !owns);
+    EXPECT_EQ(b->Get(K(1)).ok(), !owns);
+    ASSERT_TRUE(a->Evict(K(2)).ok());
+    EXPECT_EQ(raw.Exists(a->ServerKey(K(2))), !owns);
+  }
+}
+
+// A writer without the secret plants values under real keys: unsigned ones (which pass every
+// other check), ones signed with another secret, a signed value moved to another key. Each is
+// refused, counted, deleted; the honest entry can then be stored again. A tier without the secret
+// misses signed values and leaves them for those that have it.
+TEST(RemoteTierTest, SignedTiersRefuseWhatTheirSecretDidNotSign) {
+  const std::string ns = FreshNamespace("signed");
+  RemoteTierOptions o = SharedRedisServer().Options(ns);
+  o.secret = "the shared secret";
+  auto honest = Connect(o);
+  RemoteTierOptions forger_options = o;
+  forger_options.secret = "a guess";
+  auto forger = Connect(forger_options);
+  RemoteTierOptions plain_options = o;
+  plain_options.secret = "";
+  auto plain = Connect(plain_options);
+  Raw raw(SharedRedisServer().port());
+
+  ASSERT_TRUE(honest->Put(K(1), Bytes(100, 1)).ok());
+  EXPECT_EQ(honest->Get(K(1)).value(), Bytes(100, 1));
+  const std::string signed_value = raw.Get(honest->ServerKey(K(1)));
+  ASSERT_EQ(signed_value.size(), 64u + 32u + 100u);
+  // Read without the secret: a miss, the value stays.
+  const auto unsigned_read = plain->Get(K(1));
+  EXPECT_EQ(unsigned_read.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(unsigned_read.status().message().find("no secret"), std::string::npos);
+  EXPECT_TRUE(raw.Exists(honest->ServerKey(K(1))));
+  EXPECT_EQ(plain->corruptions_detected() + plain->forgeries_refused(), 0);
+
+  int64_t forged = 0;
+  const auto expect_refused = [&](const PrefixKey& k, const std::string& what) {
+    const auto got = honest->Get(k);
+    ++forged;
+    ASSERT_EQ(got.status().code(), StatusCode::kNotFound) << what;
+    EXPECT_NE(got.status().message().find(what), std::string::npos) << got.status().message();
+    EXPECT_EQ(honest->forgeries_refused(), forged);
+    EXPECT_FALSE(raw.Exists(honest->ServerKey(k)));
+  };
+  // Planted unsigned, with a valid checksum.
+  ASSERT_TRUE(plain->Put(K(2), Bytes(100, 0xee)).ok());
+  expect_refused(K(2), "unsigned value");
+  // Signed with the wrong secret.
+  ASSERT_TRUE(forger->Put(K(3), Bytes(100, 0xee)).ok());
+  expect_refused(K(3), "signature is not this tier's secret's");
+  // A value the secret did sign, but for another name (the same key in another namespace): its
+  // header and checksum fit, the signature binds it to where it was written.
+  RemoteTierOptions other_ns = o;
+  other_ns.name_space = FreshNamespace("signed-elsewhere");
+  ASSERT_TRUE(Connect(other_ns)->Put(K(4), Bytes(100, 0xee)).ok());
+  raw.Set(honest->ServerKey(K(4)), raw.Get(Connect(other_ns)->ServerKey(K(4))));
+  expect_refused(K(4), "signature is not this tier's secret's");
+  EXPECT_EQ(honest->corruptions_detected(), 0);
+  // The honest writer restores a refused entry.
+  ASSERT_TRUE(honest->Put(K(2), Bytes(100, 2)).ok());
+  EXPECT_EQ(honest->Get(K(2)).value(), Bytes(100, 2));
+}
+
+// AUTH: a server with a password for its default user and an ACL user limited to its own keys;
+// the right credentials connect (over TCP and over a Unix socket), a wrong password is refused
+// naming the user, and a user whose ACL forbids the namespace gets errors, not wrong data.
+TEST(RemoteTierTest, AuthenticatesWithAPasswordOrAnAclUser) {
+  testing::ScopedTempDir tmp;
+  std::filesystem::create_directories(tmp.path());
+  RedisServer server;
+  server.AddArgs({"--requirepass", "default-pw", "--user", "engine", "on", ">engine-pw",
+                  "~hkv-acl:*", "+@all"});
+  server.SetCredentials("", "default-pw");
+  server.SetUnixSocket(tmp.path() / "redis.sock");
+  ASSERT_TRUE(server.Start().ok());
+
+  RemoteTierOptions o = server.Options("hkv-acl");
+  EXPECT_TRUE(Connect(o)->Put(K(1), Bytes(10, 1)).ok());
+  o.username = "engine";
+  o.password = "engine-pw";
+  auto acl = Connect(o);
+  EXPECT_EQ(acl->Get(K(1)).value(), Bytes(10, 1));
+  o.unix_socket = server.unix_socket().string();
+  auto unix_socket = Connect(o);
+  EXPECT_EQ(unix_socket->Get(K(1)).value(), Bytes(10, 1));
+  EXPECT_EQ(unix_socket->server(), server.unix_socket().string());
+
+  o.password = "wrong";
+  Status s = RemoteTier::Connect(o).status();
+  EXPECT_EQ(s.code(), StatusCode::kIoError);
+  EXPECT_NE(s.message().find("refuses AUTH as user 'engine'"), std::string::npos) << s.message();
+  o = server.Options("hkv-acl");
+  o.password = "";
+  s = RemoteTier::Connect(o).status();
+  EXPECT_EQ(s.code(), StatusCode::kIoError);  // NOAUTH on PING
+  // The ACL user outside its key pattern: every call fails cleanly.
+  o = server.Options("elsewhere");
+  o.username = "engine";
+  o.password = "engine-pw";
+  auto fenced = Connect(o);
+  EXPECT_EQ(fenced->Put(K(1), Bytes(10, 1)).code(), StatusCode::kIoError);
+  EXPECT_EQ(fenced->Get(K(1)).status().code(), StatusCode::kIoError);
+  EXPECT_FALSE(fenced->Contains(K(1)));
+  EXPECT_GT(fenced->server_errors(), 0);
 }
 
 TEST(RemoteTierTest, DamagedValuesOnTheServerAreMissesNeverWrongBytes) {

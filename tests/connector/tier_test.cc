@@ -29,8 +29,11 @@ class TierTest : public ::testing::TestWithParam<const char*> {
   std::unique_ptr<Tier> Make(int64_t capacity) {
     disk_ = nullptr;
     if (OnRemote()) {
-      auto t = RemoteTier::Connect(
-          testing::SharedRedisServer().Options(testing::FreshNamespace("tiertest"), capacity));
+      // The Tier contract's eviction deletes: the remote tier as the sole owner of its entries.
+      RemoteTierOptions o =
+          testing::SharedRedisServer().Options(testing::FreshNamespace("tiertest"), capacity);
+      o.ownership = RemoteTierOptions::Ownership::kTier;
+      auto t = RemoteTier::Connect(o);
       EXPECT_TRUE(t.ok()) << t.status().ToString();
       return std::move(t).value();
     }

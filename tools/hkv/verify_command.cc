@@ -1,5 +1,6 @@
 #include "verify_command.h"
 
+#include <cstdlib>
 #include <exception>
 #include <filesystem>
 #include <memory>
@@ -39,8 +40,9 @@ CLI::App* AddVerifyCommand(CLI::App& app, VerifyArgs& args) {
                   "default: the whole sequence");
   cmd->add_option("--offload", args.offload,
                   "export published blocks into a tier and reload hits from it: host, disk "
-                  "(a new temp directory), disk:DIR, or redis:HOST:PORT (a running Redis/Valkey "
-                  "server)");
+                  "(a new temp directory), disk:DIR, redis:HOST:PORT or redis:unix:SOCKET (a "
+                  "running Redis/Valkey server; HKV_REDIS_USER, HKV_REDIS_PASSWORD and "
+                  "HKV_TIER_SECRET from the environment)");
   cmd->add_option("--restarts", args.options.restarts,
                   "with --offload: fresh engines (empty cache, same tier) serve this many later "
                   "parts of the workload")
@@ -79,14 +81,25 @@ bool ParseSparse(const VerifyArgs& args, VerifyOptions& options, std::ostream& e
   return true;
 }
 
-// redis:HOST:PORT (an unreadable port is 0).
+std::string Env(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr ? "" : v;
+}
+
+// redis:HOST:PORT (an unreadable port is 0) or redis:unix:PATH; credentials and the signing
+// secret from the environment, where other users' `ps` cannot read them.
 RemoteTierOptions RedisOptions(const std::string& offload, int64_t capacity_bytes) {
   const std::string where = offload.substr(6);
   const size_t colon = where.rfind(':');
   RemoteTierOptions ro;
+  ro.username = Env("HKV_REDIS_USER");
+  ro.password = Env("HKV_REDIS_PASSWORD");
+  ro.secret = Env("HKV_TIER_SECRET");
   ro.host = colon == std::string::npos ? where : where.substr(0, colon);
   ro.port = 0;
-  if (colon != std::string::npos) {
+  if (where.starts_with("unix:")) {
+    ro.unix_socket = where.substr(5);
+  } else if (colon != std::string::npos) {
     try {
       ro.port = std::stoi(where.substr(colon + 1));
     } catch (const std::exception&) {
@@ -134,7 +147,7 @@ bool OpenTier(const std::string& offload, const ModelIdentity& model, const std:
     tier = std::move(remote).value();
   } else {
     err << "hkv verify: --offload: unknown tier '" << offload
-        << "'; expected host, disk, disk:DIR or redis:HOST:PORT\n";
+        << "'; expected host, disk, disk:DIR, redis:HOST:PORT or redis:unix:SOCKET\n";
     return false;
   }
   return true;

@@ -8,11 +8,21 @@
 //   and payload) and the payload, so a value that is damaged, truncated, another key's or another
 //   model's is a miss (NotFound saying what was wrong; the value is deleted and
 //   corruptions_detected() counts it), never wrong bytes.
-// - The byte budget, LRU order and pins cover the entries *this* tier put (its own TierIndex):
-//   a Put evicts this tier's least recently used unpinned entries (DEL on the server) to fit,
-//   LruOrder lists them, Pin/Unpin/Evict apply to them only. Contains and Get also see every
-//   other process's entries in the namespace (EXISTS / GET on the server); an entry another
-//   process put is not evicted by this one (the server's own maxmemory policy bounds the whole).
+// - Signing: with a `secret`, every value also carries a keyed BLAKE2b-256 (libsodium) over its
+//   server key, header and payload, and every value read must carry a valid one. A writer without
+//   the secret cannot plant a block (an unsigned value, or one signed with another key, is a miss:
+//   deleted, counted by forgeries_refused()), nor move a signed value to another key. A signed
+//   value read by a tier without a secret is a miss too, and left in place for those that have it.
+//   Tiers sharing a namespace must share the secret.
+// - Ownership: entries on a shared server belong to no engine. By default (kServer) a tier never
+//   deletes an entry to make room: its budget, LRU order and pins cover only its own index of what
+//   it put, and the server's maxmemory-policy (e.g. allkeys-lru) bounds the server's memory. With
+//   kTier, a Put deletes this tier's least recently used unpinned entries (DEL) to fit, and Evict
+//   deletes - for a server one engine has to itself. Damaged and forged values are deleted in both.
+// - Contains and Get also see every other process's entries in the namespace (EXISTS / GET).
+// - AUTH: with a `password` (and an ACL `username`) the tier authenticates on every connection; a
+//   refusal is kIoError naming the server and the user. Over a Unix socket (`unix_socket`) the
+//   server needs no TCP port at all.
 // - A Put of a key the server already holds (content-named) keeps the stored value.
 // - A server that is down, slow (past the timeout) or answers with an error never crashes or
 //   hangs a caller: Contains says false, Get and Put fail with kIoError naming the server, the
@@ -24,6 +34,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <hkv/connector/model_identity.h>
 #include <hkv/connector/tier_index.h>
@@ -37,7 +48,12 @@ struct RemoteTierOptions {
   int port = 6379;
   std::string unix_socket;  // a path: connect over a Unix domain socket instead
   std::string name_space = "hkv";
-  ModelIdentity model;  // the model whose blocks this tier holds (ComputeModelIdentity)
+  ModelIdentity model;   // the model whose blocks this tier holds (ComputeModelIdentity)
+  std::string username;  // ACL user for AUTH; empty: the default user
+  std::string password;  // AUTH when not empty
+  std::string secret;    // signs and checks every value when not empty
+  enum class Ownership { kServer, kTier };
+  Ownership ownership = Ownership::kServer;
   int64_t capacity_bytes = int64_t{1} << 30;  // this tier's own entries (payload bytes)
   int timeout_ms = 1000;                      // connect and per-command
   int retry_after_ms = 200;                   // after a failure, calls fail fast this long
@@ -69,6 +85,7 @@ class RemoteTier final : public Tier {
   int64_t hits() const { return hits_; }
   int64_t misses() const { return misses_; }
   int64_t corruptions_detected() const { return corruptions_; }
+  int64_t forgeries_refused() const { return forgeries_; }
   int64_t server_errors() const { return server_errors_; }
   int64_t reconnects() const { return reconnects_; }
 
@@ -79,13 +96,20 @@ class RemoteTier final : public Tier {
   Status Open() const;
   // Records a failed command and drops the connection.
   Status Fail(const char* what) const;
+  // The signature of a value under server key `k`.
+  void Sign(const std::string& k, std::span<const unsigned char> header,
+            std::span<const unsigned char> payload, unsigned char* out) const;
+  // Deletes server key `k` (a damaged or forged value), as a best effort.
+  void Delete(const std::string& k);
 
   RemoteTierOptions options_;
   std::string server_;  // "host:port" or the socket path, for messages
   TierIndex index_;
   mutable redisContext* context_ = nullptr;
   mutable std::chrono::steady_clock::time_point retry_at_{};
-  mutable int64_t hits_ = 0, misses_ = 0, corruptions_ = 0, server_errors_ = 0, reconnects_ = 0;
+  std::vector<unsigned char> sign_key_;  // derived from the secret; empty without one
+  mutable int64_t hits_ = 0, misses_ = 0, corruptions_ = 0, forgeries_ = 0, server_errors_ = 0,
+                  reconnects_ = 0;
 };
 
 }  // namespace hkv

@@ -1,7 +1,8 @@
 // Tiers as a shared, lasting store, through the reference engine: a disk tier outlives an engine
 // process killed with SIGKILL mid-run (the next process reloads every complete entry, drops the
-// torn one and stays exact), and models of identical geometry sharing one disk directory or one
-// Redis namespace never load each other's blocks.
+// torn one and stays exact); models of identical geometry sharing one disk directory or one Redis
+// namespace never load each other's blocks; blocks planted on the server by a writer without the
+// secret are all refused and recomputed.
 #include <chrono>
 #include <csignal>
 #include <filesystem>
@@ -49,7 +50,7 @@ void ExpectExact(const VerifyReport& r) {
 // possibly inside a write). One entry file is then torn, as a power loss can leave it. A new
 // process - here the parent - opens the directory: it reloads the complete entries, removes the
 // torn one, and serves the same workload exactly, loading the dead process's blocks.
-TEST(PersistentTier, DiskTierOutlivesAKilledEngineProcess) {
+TEST(SharedTier, DiskTierOutlivesAKilledEngineProcess) {
   for (const char* name : {"ibm-ai-platform--Bamba-9B", "meta-llama--Llama-3.1-8B"}) {
     SCOPED_TRACE(name);
     testing::ScopedTempDir tmp;
@@ -152,7 +153,7 @@ class OwnBlocksOnly final : public Tier {
 // block of A's (every loaded block is byte-equal to one B put), and B is exact. The control opens
 // B's tiers under A's identity, as a store keyed by geometry alone would: B then loads A's blocks
 // and its outputs differ from dense - the harm the identity prevents, and proof the check bites.
-TEST(PersistentTier, ModelsOfOneGeometryNeverShareEntries) {
+TEST(SharedTier, ModelsOfOneGeometryNeverShareEntries) {
   const ModelSpec model = Load("ibm-ai-platform--Bamba-9B");
   testing::ScopedTempDir tmp;
   const std::string ns = testing::FreshNamespace("two-models");
@@ -207,6 +208,67 @@ TEST(PersistentTier, ModelsOfOneGeometryNeverShareEntries) {
     EXPECT_GT(t->disk_check.foreign() + t->remote_check.foreign(), 0);
     EXPECT_GT(r.mismatches, 0) << "loading another model's blocks went unnoticed";
   }
+}
+
+// An attacker who can write to the Redis server but lacks the secret runs the victim's prompts
+// through a model of its own (same geometry, other weights) and plants the blocks under the
+// victim's real keys - the model identity is no secret - unsigned, or signed with a guess. The
+// victim's engine, signing with the secret, refuses every planted block (none reaches it: each
+// block it loads is one it stored), counts them, recomputes, and is exact. The control: a victim
+// without a secret loads the planted blocks and its outputs differ from dense.
+TEST(SharedTier, PlantedBlocksAreRefusedAndRecomputed) {
+  const ModelSpec model = Load("meta-llama--Llama-3.1-8B");
+  VerifyOptions victim;
+  victim.requests = 16;
+  victim.seed = 21;
+  victim.weights_seed = 7;
+  VerifyOptions attacker = victim;
+  attacker.weights_seed = 8;
+  const ModelIdentity id = VerifyModelIdentity(model, victim).value();
+  const auto tier = [&](const std::string& ns, const std::string& secret) {
+    RemoteTierOptions r = testing::SharedRedisServer().Options(ns);
+    r.model = id;
+    r.secret = secret;
+    return RemoteTier::Connect(r).value();
+  };
+  const auto plant = [&](const std::string& ns, const std::string& secret) {
+    auto t = tier(ns, secret);
+    VerifyOptions o = attacker;
+    o.offload = OffloadOptions{{t.get()}};
+    ASSERT_TRUE(RunVerify(model, o).ok());
+    ASSERT_GT(t->used_bytes(), 0);
+  };
+  struct Served {
+    VerifyReport report;
+    int64_t foreign = 0;  // blocks loaded that the victim never stored
+    std::unique_ptr<RemoteTier> tier;
+  };
+  const auto serve = [&](const std::string& ns, const std::string& secret) {
+    Served s;
+    s.tier = tier(ns, secret);
+    OwnBlocksOnly check(*s.tier);
+    VerifyOptions o = victim;
+    o.offload = OffloadOptions{{&check}};
+    s.report = RunVerify(model, o).value();
+    s.foreign = check.foreign();
+    return s;
+  };
+  for (const char* attacker_secret : {"", "a guess"}) {
+    SCOPED_TRACE(std::string("attacker secret '") + attacker_secret + "'");
+    const std::string ns = testing::FreshNamespace("planted");
+    plant(ns, attacker_secret);
+    const Served s = serve(ns, "the secret");
+    ExpectExact(s.report);
+    EXPECT_EQ(s.foreign, 0);
+    EXPECT_GT(s.tier->forgeries_refused(), 0);
+    EXPECT_GT(s.report.loads_failed, 0);  // the planted hits: refused, so recomputed
+    EXPECT_EQ(s.tier->corruptions_detected(), 0);
+  }
+  const std::string ns = testing::FreshNamespace("planted-control");
+  plant(ns, "");
+  const Served s = serve(ns, "");
+  EXPECT_GT(s.foreign, 0);
+  EXPECT_GT(s.report.mismatches, 0) << "planted blocks went unnoticed";
 }
 
 }  // namespace
