@@ -106,8 +106,10 @@ RemoteTierOptions RedisOptions(const std::string& offload, int64_t capacity_byte
       ro.port = 0;
     }
   }
-  // A namespace of its own, so runs against a shared server never see each other's blocks.
-  ro.name_space = fmt::format("hkv-verify-{}", ::getpid());
+  // A namespace of its own unless told to share one (HKV_REDIS_NAMESPACE): runs that share it and
+  // serve the same model (its identity is in every key) load each other's blocks.
+  ro.name_space = Env("HKV_REDIS_NAMESPACE");
+  if (ro.name_space.empty()) ro.name_space = fmt::format("hkv-verify-{}", ::getpid());
   ro.capacity_bytes = capacity_bytes;
   return ro;
 }
@@ -197,6 +199,14 @@ void PrintJson(const VerifyArgs& args, const VerifyOptions& options, const Verif
       // What this process found on disk from earlier ones.
       j["offload"]["entries_at_open"] = disk->open_stats().entries_loaded;
       j["offload"]["model"] = disk->model().Hex();
+    }
+    if (const auto* remote = dynamic_cast<const RemoteTier*>(tier)) {
+      j["offload"]["server_hits"] = remote->hits();
+      j["offload"]["server_misses"] = remote->misses();
+      j["offload"]["server_errors"] = remote->server_errors();
+      j["offload"]["reconnects"] = remote->reconnects();
+      j["offload"]["corruptions_detected"] = remote->corruptions_detected();
+      j["offload"]["forgeries_refused"] = remote->forgeries_refused();
     }
   }
   out << j.dump(2) << "\n";
