@@ -1,18 +1,25 @@
 // libFuzzer target: any byte string as a block stream (parsed, and imported into a hybrid model's
-// planned memory when it parses) and as a tier-transfer message (put into a host tier). Neither
-// may crash, overflow or write outside the destination blocks; an import that is refused leaves
-// the memory as it was, and every entry a message puts is one whole entry of the message.
-// HKV_FUZZ_WRITE_SEEDS=DIR writes a valid stream and a valid message there and exits.
+// planned memory when it parses), as a tier-transfer message (put into a host tier) and as a disk
+// tier entry file found at Open. None may crash, overflow or write outside the destination
+// blocks; an import that is refused leaves the memory as it was, every entry a message puts is one
+// whole entry of the message, and an entry file is either indexed - and then a Get returns its
+// payload exactly or misses - or removed.
+// HKV_FUZZ_WRITE_SEEDS=DIR writes a valid stream, message and entry file there and exits.
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include <hkv/connector/block_memory_view.h>
 #include <hkv/connector/block_stream.h>
+#include <hkv/connector/disk_tier.h>
 #include <hkv/connector/host_tier.h>
 #include <hkv/connector/tier_transfer.h>
 #include <hkv/plan/plan.h>
@@ -65,6 +72,43 @@ Memory& Mem() {
   return m;
 }
 
+const hkv::PrefixKey kDiskKey{{0x1234, 0x5678}, 1};
+
+hkv::DiskTierOptions DiskOptions() {
+  hkv::DiskTierOptions o;
+  o.capacity_bytes = 1 << 24;
+  o.model = hkv::ModelIdentity{0xf022, 0xdead};
+  return o;
+}
+
+const std::filesystem::path& DiskDir() {
+  static const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("hkv-connector-fuzz-" + std::to_string(::getpid()));
+  return dir;
+}
+
+// The input as the entry file of kDiskKey, found by the next Open.
+void CheckDiskEntry(std::span<const unsigned char> input) {
+  std::filesystem::path file;
+  {
+    hkv::DiskTier probe = hkv::DiskTier::Open(DiskDir(), DiskOptions()).value();
+    file = probe.PathOf(kDiskKey);
+  }
+  std::ofstream(file, std::ios::binary | std::ios::trunc)
+      .write(reinterpret_cast<const char*>(input.data()),
+             static_cast<std::streamsize>(input.size()));
+  hkv::DiskTier tier = hkv::DiskTier::Open(DiskDir(), DiskOptions()).value();
+  if (tier.Contains(kDiskKey)) {
+    Require(input.size() >= 64, "a file shorter than a header was indexed");
+    hkv::Result<std::vector<unsigned char>> got = tier.Get(kDiskKey);
+    Require(!got.ok() || std::equal(got->begin(), got->end(), input.begin() + 64, input.end()),
+            "a Get returned bytes other than the file's payload");
+  } else {
+    Require(!std::filesystem::exists(file), "an entry file Open refused was left behind");
+  }
+  (void)tier.Evict(kDiskKey);
+}
+
 void WriteSeeds(const char* dir) {
   Memory& m = Mem();
   std::vector<hkv::ExportBlock> blocks;
@@ -83,6 +127,13 @@ void WriteSeeds(const char* dir) {
   std::ofstream(std::string(dir) + "/message.bin", std::ios::binary)
       .write(reinterpret_cast<const char*>(message.data()),
              static_cast<std::streamsize>(message.size()));
+  {
+    hkv::DiskTier disk = hkv::DiskTier::Open(DiskDir(), DiskOptions()).value();
+    (void)disk.Put(kDiskKey, stream);
+    std::filesystem::copy_file(disk.PathOf(kDiskKey), std::string(dir) + "/disk_entry.bin",
+                               std::filesystem::copy_options::overwrite_existing);
+  }
+  std::filesystem::remove_all(DiskDir());
 }
 
 }  // namespace
@@ -120,5 +171,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (const hkv::PrefixKey& k : keys)
     total += static_cast<int64_t>(tier.Get(k).value().size());
   Require(total <= static_cast<int64_t>(size), "entries hold more bytes than the message");
+  CheckDiskEntry(input);
   return 0;
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets with clang and runs each for a short, fixed time, seeded with the
-# bundled configs (config_fuzz), a small generated trace (trace_fuzz), or a valid block stream and
-# tier-transfer message (connector_fuzz writes them); manager_fuzz starts from nothing (its input
+# bundled configs (config_fuzz), a small generated trace (trace_fuzz), or a valid block stream,
+# tier-transfer message and disk tier entry file (connector_fuzz writes them); manager_fuzz starts from nothing (its input
 # is an operation sequence).
 # Usage: scripts/fuzz.sh [seconds per target, default 30]
 set -euo pipefail

@@ -1,8 +1,10 @@
 // KvEventPublisher: batches over a ZeroMQ XPUB socket, and a replay ROUTER served by a thread.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <thread>
 
@@ -58,7 +60,10 @@ struct KvEventPublisher::State {
   std::string endpoint, replay_endpoint;
   bool subscribed = false;
   mutable std::mutex mu;  // guards buffer and sequence (the replay thread reads them)
-  std::deque<std::pair<int64_t, std::vector<unsigned char>>> buffer;
+  // Batches shared with the replay thread, which copies only the pointers under `mu` and sends
+  // outside it, so a replay from sequence 0 never holds up Publish.
+  std::deque<std::pair<int64_t, std::shared_ptr<const std::vector<unsigned char>>>> buffer;
+  int64_t replays_refused = 0;  // malformed or oversized requests (replay thread only)
   int64_t sequence = 0;
   std::atomic<bool> stop{false};
   std::thread replay_thread;
@@ -89,6 +94,10 @@ Result<std::unique_ptr<KvEventPublisher>> KvEventPublisher::Bind(
   if (!options.replay_endpoint.empty()) {
     p->replay = zmq_socket(p->context, ZMQ_ROUTER);
     zmq_setsockopt(p->replay, ZMQ_LINGER, &linger, sizeof(linger));
+    // A request is an 8-byte sequence number: ZeroMQ drops a peer that sends a larger message
+    // before any of it is buffered here.
+    const int64_t max_message = kMaxReplayRequestBytes;
+    zmq_setsockopt(p->replay, ZMQ_MAXMSGSIZE, &max_message, sizeof(max_message));
     if (zmq_bind(p->replay, options.replay_endpoint.c_str()) != 0) {
       return Status::IoError(fmt::format("kv events: cannot bind the replay socket to {}: {}",
                                          options.replay_endpoint, zmq_strerror(zmq_errno())));
@@ -163,8 +172,9 @@ Status KvEventPublisher::Publish(std::span<const ManagerEvent> events,
                                        {seq_bytes, 8},
                                        {payload.data(), payload.size()}});
   if (st.replay != nullptr) {
+    auto shared = std::make_shared<const std::vector<unsigned char>>(std::move(payload));
     std::lock_guard lock(st.mu);
-    st.buffer.emplace_back(seq, std::move(payload));
+    st.buffer.emplace_back(seq, std::move(shared));
     while (st.buffer.size() > st.options.replay_buffer)
       st.buffer.pop_front();
   }
@@ -176,11 +186,15 @@ Status KvEventPublisher::Publish(std::span<const ManagerEvent> events,
 }
 
 void KvEventPublisher::State::ServeReplay() {
+  std::vector<std::vector<unsigned char>> parts;
+  std::vector<std::pair<int64_t, std::shared_ptr<const std::vector<unsigned char>>>> batches;
   while (!stop) {
     zmq_pollitem_t item{replay, 0, ZMQ_POLLIN, 0};
     if (zmq_poll(&item, 1, 50) <= 0) continue;
-    // [identity, (empty delimiter from a REQ peer,) 8-byte start sequence]
-    std::vector<std::vector<unsigned char>> parts;
+    // [identity, (empty delimiter from a REQ peer,) 8-byte start sequence]: at most three parts
+    // are kept; the rest of a longer message is drained and the request refused.
+    parts.clear();
+    bool too_many = false;
     int more = 1;
     while (more != 0) {
       zmq_msg_t m;
@@ -189,28 +203,37 @@ void KvEventPublisher::State::ServeReplay() {
         zmq_msg_close(&m);
         break;
       }
-      const auto* d = static_cast<const unsigned char*>(zmq_msg_data(&m));
-      parts.emplace_back(d, d + zmq_msg_size(&m));
+      if (parts.size() < 3) {
+        const auto* d = static_cast<const unsigned char*>(zmq_msg_data(&m));
+        parts.emplace_back(d, d + zmq_msg_size(&m));
+      } else {
+        too_many = true;
+      }
       size_t len = sizeof(more);
       zmq_getsockopt(replay, ZMQ_RCVMORE, &more, &len);
       zmq_msg_close(&m);
     }
-    if (parts.size() < 2 || parts.back().size() != 8) continue;  // not a replay request
+    if (too_many || parts.size() < 2 || parts.back().size() != 8) {
+      ++replays_refused;
+      continue;  // not a replay request
+    }
     const int64_t from = FromBigEndian(parts.back().data());
     const std::vector<unsigned char>& id = parts.front();
-    std::vector<std::pair<int64_t, std::vector<unsigned char>>> batches;
+    batches.clear();
     {
       std::lock_guard lock(mu);
-      for (const auto& b : buffer) {
-        if (b.first >= from) batches.push_back(b);
-      }
+      // Sequences in the buffer are consecutive: start at `from` without a scan.
+      const int64_t first = buffer.empty() ? 0 : buffer.front().first;
+      const int64_t skip =
+          std::clamp<int64_t>(from - first, 0, static_cast<int64_t>(buffer.size()));
+      batches.assign(buffer.begin() + skip, buffer.end());
     }
     unsigned char seq_bytes[8];
     for (const auto& [seq, payload] : batches) {
       BigEndian(seq, seq_bytes);
       SendParts(
           replay,
-          {{id.data(), id.size()}, {"", 0}, {seq_bytes, 8}, {payload.data(), payload.size()}});
+          {{id.data(), id.size()}, {"", 0}, {seq_bytes, 8}, {payload->data(), payload->size()}});
     }
     BigEndian(-1, seq_bytes);
     SendParts(replay, {{id.data(), id.size()}, {"", 0}, {seq_bytes, 8}, {"", 0}});

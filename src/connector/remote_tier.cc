@@ -86,6 +86,10 @@ Result<std::unique_ptr<RemoteTier>> RemoteTier::Connect(const RemoteTierOptions&
     return Status::InvalidArgument(
         fmt::format("remote tier: capacity {} bytes: expected >= 0", options.capacity_bytes));
   }
+  if (options.max_value_bytes < 1) {
+    return Status::InvalidArgument(
+        fmt::format("remote tier: value limit {} bytes: expected >= 1", options.max_value_bytes));
+  }
   if (options.model == ModelIdentity{}) {
     return Status::InvalidArgument(
         "remote tier: no model identity (ComputeModelIdentity): entries of different models "
@@ -244,14 +248,31 @@ Status RemoteTier::Put(const PrefixKey& key, std::span<const unsigned char> byte
 Result<std::vector<unsigned char>> RemoteTier::Get(const PrefixKey& key) {
   HKV_RETURN_IF_ERROR(Ready());
   const std::string k = ServerKey(key);
-  Reply r(static_cast<redisReply*>(redisCommand(context_, "GET %b", k.data(), k.size())));
-  if (!r || r->type == REDIS_REPLY_ERROR) return Fail("GET");
-  if (r->type == REDIS_REPLY_NIL) {
+  // GETRANGE reads at most one byte past the limit, so a value too large to trust is never
+  // transferred in full. It reads a missing key as an empty string, so EXISTS goes with it, in the
+  // same round trip.
+  redisAppendCommand(context_, "EXISTS %b", k.data(), k.size());
+  redisAppendCommand(context_, "GETRANGE %b 0 %lld", k.data(), k.size(),
+                     static_cast<long long>(options_.max_value_bytes));
+  void* first = nullptr;
+  void* second = nullptr;
+  if (redisGetReply(context_, &first) != REDIS_OK) return Fail("EXISTS");
+  Reply exists(static_cast<redisReply*>(first));
+  if (redisGetReply(context_, &second) != REDIS_OK) return Fail("GETRANGE");
+  Reply r(static_cast<redisReply*>(second));
+  if (exists->type != REDIS_REPLY_INTEGER || r->type == REDIS_REPLY_ERROR) return Fail("GETRANGE");
+  if (exists->integer == 0) {
     ++misses_;
     // Ours but gone (the server restarted or evicted it): forget it, pins and all.
     if (index_.Contains(key)) index_.Erase(key);
     return Status::NotFound(
         fmt::format("remote tier: no entry for {} on {}", TierKeyName(key), server_));
+  }
+  if (r->type == REDIS_REPLY_STRING && r->len > static_cast<size_t>(options_.max_value_bytes)) {
+    ++misses_;
+    return Status::NotFound(
+        fmt::format("remote tier: the value of {} is larger than this tier's limit of {} bytes",
+                    TierKeyName(key), options_.max_value_bytes));
   }
   const auto* v = reinterpret_cast<const unsigned char*>(r->str);
   const size_t n = r->type == REDIS_REPLY_STRING ? r->len : 0;

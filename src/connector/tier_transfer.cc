@@ -1,4 +1,5 @@
 // Tier transfer: a tier's entries as one self-checking message, and moving it over a descriptor.
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -133,12 +134,23 @@ Status SendAll(int fd, std::span<const unsigned char> bytes) {
   return Status::Ok();
 }
 
-Result<std::vector<unsigned char>> ReceiveAll(int fd) {
+Result<std::vector<unsigned char>> ReceiveAll(int fd, int64_t max_bytes) {
+  if (max_bytes < 0) {
+    return Status::InvalidArgument(
+        fmt::format("tier transfer: receive limit {} bytes is negative", max_bytes));
+  }
   std::vector<unsigned char> out;
   unsigned char buffer[1 << 16];
   for (;;) {
-    const ssize_t n = ::read(fd, buffer, sizeof(buffer));
+    // One byte past the limit tells a message at the limit from a longer one.
+    const size_t room = static_cast<size_t>(max_bytes) + 1 - out.size();
+    const ssize_t n = ::read(fd, buffer, std::min(sizeof(buffer), room));
     if (n == 0) return out;
+    if (n > 0 && out.size() + static_cast<size_t>(n) > static_cast<size_t>(max_bytes)) {
+      return Status::ResourceExhausted(fmt::format(
+          "tier transfer: the message on descriptor {} is larger than the limit of {} bytes", fd,
+          max_bytes));
+    }
     if (n < 0) {
       if (errno == EINTR) continue;
       return Status::IoError(

@@ -226,6 +226,29 @@ TEST(KvEventTest, SubscribersGetNumberedBatchesAndCanReplayWhatTheyMissed) {
     EXPECT_FALSE(parts[2].empty());
   }
   EXPECT_EQ(got, (std::vector<int64_t>{1, 2, -1}));
+  // Malformed requests are ignored, an oversized one costs its sender the connection; neither
+  // gets an answer, and a good request after them still does.
+  void* rogue = zmq_socket(ctx, ZMQ_DEALER);
+  ASSERT_EQ(zmq_connect(rogue, pub->replay_endpoint().c_str()), 0);
+  const std::string big(4096, 'x');
+  ASSERT_EQ(zmq_send(rogue, "", 0, ZMQ_SNDMORE), 0);
+  ASSERT_EQ(zmq_send(rogue, big.data(), big.size(), 0), static_cast<int>(big.size()));
+  EXPECT_TRUE(RecvParts(rogue, 300).empty());
+  void* odd = zmq_socket(ctx, ZMQ_DEALER);
+  ASSERT_EQ(zmq_connect(odd, pub->replay_endpoint().c_str()), 0);
+  for (int i = 0; i < 5; ++i)
+    ASSERT_EQ(zmq_send(odd, from, 8, ZMQ_SNDMORE), 8);
+  ASSERT_EQ(zmq_send(odd, from, 8, 0), 8);  // six parts
+  ASSERT_EQ(zmq_send(odd, "", 0, ZMQ_SNDMORE), 0);
+  ASSERT_EQ(zmq_send(odd, from, 3, 0), 3);  // a 3-byte sequence
+  EXPECT_TRUE(RecvParts(odd, 300).empty());
+  const unsigned char from_two[8] = {0, 0, 0, 0, 0, 0, 0, 2};
+  ASSERT_EQ(zmq_send(replay, "", 0, ZMQ_SNDMORE), 0);
+  ASSERT_EQ(zmq_send(replay, from_two, 8, 0), 8);
+  EXPECT_EQ(Seq(RecvParts(replay, 5000).at(1)), 2);
+  EXPECT_EQ(Seq(RecvParts(replay, 5000).at(1)), -1);
+  zmq_close(odd);
+  zmq_close(rogue);
   zmq_close(replay);
   zmq_close(sub);
   zmq_ctx_term(ctx);

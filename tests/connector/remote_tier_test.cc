@@ -106,6 +106,32 @@ TEST(RemoteTierTest, EvictionDeletesOnlyWhenTheTierOwnsItsEntries) {
   }
 }
 
+// A value larger than the tier's limit is a miss, never read in full, and left for tiers with a
+// larger limit; one at the limit is read.
+TEST(RemoteTierTest, ValuesOverTheLimitAreMisses) {
+  const std::string ns = FreshNamespace("limit");
+  RemoteTierOptions big = SharedRedisServer().Options(ns);
+  RemoteTierOptions small = big;
+  small.max_value_bytes = 64 + 100;  // header + 100 payload bytes
+  auto writer = Connect(big);
+  auto reader = Connect(small);
+  Raw raw(SharedRedisServer().port());
+  ASSERT_TRUE(writer->Put(K(1), Bytes(100, 1)).ok());
+  ASSERT_TRUE(writer->Put(K(2), Bytes(101, 2)).ok());
+  EXPECT_EQ(reader->Get(K(1)).value(), Bytes(100, 1));
+  const auto over = reader->Get(K(2));
+  EXPECT_EQ(over.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(over.status().message().find("larger than this tier's limit of 164 bytes"),
+            std::string::npos)
+      << over.status().message();
+  EXPECT_TRUE(raw.Exists(writer->ServerKey(K(2))));
+  EXPECT_EQ(reader->corruptions_detected(), 0);
+  EXPECT_EQ(writer->Get(K(2)).value(), Bytes(101, 2));
+  // A server holding a 64 MiB value for a key: the reader stops at its limit.
+  raw.Set(writer->ServerKey(K(3)), std::string(size_t{64} << 20, 'x'));
+  EXPECT_EQ(reader->Get(K(3)).status().code(), StatusCode::kNotFound);
+}
+
 // A writer without the secret plants values under real keys: unsigned ones (which pass every
 // other check), ones signed with another secret, a signed value moved to another key. Each is
 // refused, counted, deleted; the honest entry can then be stored again. A tier without the secret
@@ -329,6 +355,9 @@ TEST(RemoteTierTest, BadOptionsAndUnreachableServersAreRefusedByName) {
   const Status s = RemoteTier::Connect(dead.Options("x")).status();
   EXPECT_EQ(s.code(), StatusCode::kIoError);
   EXPECT_NE(s.message().find(std::to_string(dead.port())), std::string::npos) << s.ToString();
+  o = SharedRedisServer().Options("ok");
+  o.max_value_bytes = 0;
+  refused(o, "value limit 0 bytes: expected >= 1");
   o = SharedRedisServer().Options("ok");
   o.model = ModelIdentity{};
   refused(o, "no model identity");

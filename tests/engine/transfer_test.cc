@@ -4,6 +4,7 @@
 // equals the dense reference; a truncated or damaged transfer costs a recomputation, never a wrong
 // output.
 #include <string>
+#include <thread>
 #include <utility>
 
 #include <gtest/gtest.h>
@@ -118,7 +119,7 @@ Received Transfer(const std::string& model, Damage damage, HostTier& inbox) {
     Prefill(model, sv[1], damage);
   }
   close(sv[1]);
-  auto message = ReceiveAll(sv[0]);
+  auto message = ReceiveAll(sv[0], int64_t{1} << 30);
   close(sv[0]);
   int status = 0;
   EXPECT_EQ(waitpid(child, &status, 0), child);
@@ -261,6 +262,33 @@ TEST(TierTransfer, MessagesRoundTripAndRefuseDamageByName) {
   m.push_back(0);
   HostTier e(1 << 20);
   EXPECT_EQ(DeserializeTierEntries(m, e).status().code(), StatusCode::kInvalidArgument);
+}
+
+// A receiver takes at most its limit: a message exactly at it arrives whole, one byte more is
+// refused by name as soon as the limit is passed (the sender is still writing).
+TEST(TierTransfer, ReceiveRefusesAMessageOverItsLimit) {
+  for (const size_t size : {size_t{1000}, size_t{1001}, size_t{3} << 20}) {
+    SCOPED_TRACE(size);
+    int sv[2];
+    ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    std::thread sender([&] {
+      const std::vector<unsigned char> bytes(size, 0x5a);
+      (void)SendAll(sv[1], bytes);  // fails once the receiver stops reading and closes
+      close(sv[1]);
+    });
+    const auto got = ReceiveAll(sv[0], 1000);
+    close(sv[0]);
+    sender.join();
+    if (size == 1000) {
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      EXPECT_EQ(got->size(), 1000u);
+    } else {
+      EXPECT_EQ(got.status().code(), StatusCode::kResourceExhausted);
+      EXPECT_NE(got.status().message().find("limit of 1000 bytes"), std::string::npos)
+          << got.status().message();
+    }
+  }
+  EXPECT_EQ(ReceiveAll(0, -1).status().code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -22,7 +22,10 @@
 //   batch as [topic, sequence (int64 big-endian, from 0, +1 per batch), payload]. With a replay
 //   endpoint it binds a ROUTER socket too, served by a thread: a request [sequence] (from a DEALER
 //   or REQ peer) is answered with every buffered batch from that sequence on, each as
-//   [sequence, payload], then [-1, empty]. The newest `replay_buffer` batches are kept.
+//   [sequence, payload], then [-1, empty]. The newest `replay_buffer` batches are kept. A
+//   request larger than kMaxReplayRequestBytes is dropped by ZeroMQ (ZMQ_MAXMSGSIZE), one with
+//   more than three parts or without an 8-byte sequence is ignored; replies are sent outside the
+//   lock Publish takes, so a replay of the whole buffer never delays publishing.
 #pragma once
 
 #include <cstdint>
@@ -65,6 +68,9 @@ Result<std::vector<unsigned char>> EncodeKvEventBatch(std::span<const ManagerEve
                                                       std::span<const KvEventGroup> groups,
                                                       const RequestTokens& tokens,
                                                       const KvEventEncoding& encoding, double ts);
+
+// The largest message the replay socket accepts: a request is an 8-byte sequence number.
+inline constexpr int64_t kMaxReplayRequestBytes = 64;
 
 struct KvEventPublisherOptions {
   std::string endpoint = "tcp://127.0.0.1:5557";  // bound; "tcp://127.0.0.1:*" picks a port

@@ -24,6 +24,7 @@
 //   refusal is kIoError naming the server and the user. Over a Unix socket (`unix_socket`) the
 //   server needs no TCP port at all.
 // - A Put of a key the server already holds (content-named) keeps the stored value.
+// - Bounded reads: a Get reads at most `max_value_bytes` + 1 bytes of a value (GETRANGE).
 // - A server that is down, slow (past the timeout) or answers with an error never crashes or
 //   hangs a caller: Contains says false, Get and Put fail with kIoError naming the server, the
 //   index is left as it was, server_errors() counts it. The connection is dropped and retried at
@@ -54,6 +55,9 @@ struct RemoteTierOptions {
   std::string secret;    // signs and checks every value when not empty
   enum class Ownership { kServer, kTier };
   Ownership ownership = Ownership::kServer;
+  // The largest value a Get reads (header and signature included); a larger one is a miss, read
+  // no further than one byte past the limit, and left in place.
+  int64_t max_value_bytes = int64_t{256} << 20;
   int64_t capacity_bytes = int64_t{1} << 30;  // this tier's own entries (payload bytes)
   int timeout_ms = 1000;                      // connect and per-command
   int retry_after_ms = 200;                   // after a failure, calls fail fast this long

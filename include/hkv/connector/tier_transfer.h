@@ -14,7 +14,9 @@
 //   a damaged entry is caught when it is loaded (TierConnector checks every stream and its key)
 //   and becomes a miss - the decode side recomputes, never uses wrong bytes.
 // - SendAll / ReceiveAll move a message over a file descriptor: all of it (retrying short writes
-//   and EINTR, without SIGPIPE on sockets), and everything until the peer closes.
+//   and EINTR, without SIGPIPE on sockets), and everything until the peer closes - at most
+//   `max_bytes`: a longer message is refused (kResourceExhausted naming the limit) once the limit
+//   is passed, so a peer cannot make the receiver allocate without bound.
 #pragma once
 
 #include <cstdint>
@@ -30,6 +32,6 @@ Result<std::vector<unsigned char>> SerializeTierEntries(Tier& tier);
 Result<int64_t> DeserializeTierEntries(std::span<const unsigned char> message, Tier& into);
 
 Status SendAll(int fd, std::span<const unsigned char> bytes);
-Result<std::vector<unsigned char>> ReceiveAll(int fd);
+Result<std::vector<unsigned char>> ReceiveAll(int fd, int64_t max_bytes);
 
 }  // namespace hkv
