@@ -1,9 +1,13 @@
 // RemoteTier: entries as checked values on a Redis server, with this tier's own budget and LRU.
+#include <algorithm>
+#include <cerrno>
 #include <cstring>
+#include <unordered_set>
 
 #include <fmt/format.h>
 #include <hiredis/hiredis.h>
 #include <sodium.h>
+#include <sys/uio.h>
 
 #include <hkv/connector/remote_tier.h>
 
@@ -20,6 +24,10 @@ using connector_format::Put64;
 constexpr uint64_t kMagic = 0x006d657274766b68ull;        // "hkvtrem"
 constexpr uint64_t kMagicSigned = 0x0067697374766b68ull;  // "hkvtsig": a signature follows
 constexpr size_t kSignature = crypto_generichash_BYTES;   // 32
+// Bytes of SET commands a PutMany sends per round trip.
+constexpr size_t kPipelineBytes = size_t{1} << 20;
+// Values at least this large are written to the socket directly (AppendSet).
+constexpr size_t kDirectWriteBytes = size_t{64} << 10;
 // Version 2 added the model identity.
 constexpr uint32_t kVersion = 2;
 // magic, version, key group, key digest (lo, hi), model (lo, hi), payload bytes, checksum
@@ -115,6 +123,9 @@ Status RemoteTier::Open() const {
     return Status::IoError(fmt::format("remote tier: cannot connect to {}: {}", server_, why));
   }
   redisSetTimeout(c, Millis(options_.timeout_ms));
+  // Keep the reply buffer between calls: by default hiredis frees it after every reply larger
+  // than 16 KiB, and a block-sized value then regrows it from scratch.
+  c->reader->maxbuf = 0;
   if (!options_.password.empty()) {
     const std::string& u = options_.username;
     const std::string& p = options_.password;
@@ -176,12 +187,47 @@ bool RemoteTier::Contains(const PrefixKey& key) const {
   if (index_.Contains(key)) return true;
   if (!Ready().ok()) return false;
   const std::string k = ServerKey(key);
+  ++round_trips_;
   Reply r(static_cast<redisReply*>(redisCommand(context_, "EXISTS %b", k.data(), k.size())));
   if (!r || r->type != REDIS_REPLY_INTEGER) {
     (void)Fail("EXISTS");
     return false;
   }
   return r->integer > 0;
+}
+
+void RemoteTier::ContainsMany(std::span<const PrefixKey> keys, std::span<unsigned char> out) const {
+  if (!options_.pipeline) return Tier::ContainsMany(keys, out);
+  std::fill(out.begin(), out.end(), 0);
+  size_t asked = 0;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (index_.Contains(keys[i])) out[i] = 1;
+    asked += out[i] == 0 ? 1 : 0;
+  }
+  if (asked == 0 || !Ready().ok()) return;
+  ++round_trips_;
+  std::string k;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (out[i] != 0) continue;
+    k = ServerKey(keys[i]);
+    redisAppendCommand(context_, "EXISTS %b", k.data(), k.size());
+  }
+  // Every reply is read, so the connection stays in step; a failure drops it (and the answers
+  // not yet read are no).
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (out[i] != 0) continue;
+    void* reply = nullptr;
+    if (redisGetReply(context_, &reply) != REDIS_OK) {
+      (void)Fail("EXISTS");
+      return;
+    }
+    Reply r(static_cast<redisReply*>(reply));
+    if (r->type != REDIS_REPLY_INTEGER) {
+      (void)Fail("EXISTS");
+      return;
+    }
+    out[i] = r->integer > 0 ? 1 : 0;
+  }
 }
 
 void RemoteTier::Sign(const std::string& k, std::span<const unsigned char> header,
@@ -195,9 +241,89 @@ void RemoteTier::Sign(const std::string& k, std::span<const unsigned char> heade
   crypto_generichash_final(&st, out, kSignature);
 }
 
-void RemoteTier::Delete(const std::string& k) {
-  Reply d(static_cast<redisReply*>(redisCommand(context_, "DEL %b", k.data(), k.size())));
-  if (!d) (void)Fail("DEL");
+size_t RemoteTier::BuildHead(const std::string& k, const PrefixKey& key,
+                             std::span<const unsigned char> bytes, unsigned char* h) const {
+  const bool sign = !sign_key_.empty();
+  Put64(h, sign ? kMagicSigned : kMagic);
+  Put32(h + 8, kVersion);
+  Put32(h + 12, static_cast<uint32_t>(key.group));
+  Put64(h + 16, key.hash.lo);
+  Put64(h + 24, key.hash.hi);
+  Put64(h + 32, options_.model.lo);
+  Put64(h + 40, options_.model.hi);
+  Put64(h + 48, bytes.size());
+  Put64(h + kChecksumAt, connector_format::SeededChecksum({h, kChecksumAt}, bytes));
+  if (sign) Sign(k, {h, kHeader}, bytes, h + kHeader);
+  return kHeader + (sign ? kSignature : 0);
+}
+
+bool RemoteTier::AppendSet(const std::string& k, const PrefixKey& key,
+                           std::span<const unsigned char> bytes) {
+  unsigned char head[kHeader + kSignature];
+  const size_t head_bytes = BuildHead(k, key, bytes, head);
+  if (bytes.size() < kDirectWriteBytes) {
+    value_.resize(head_bytes + bytes.size());
+    std::memcpy(value_.data(), head, head_bytes);
+    if (!bytes.empty()) std::memcpy(value_.data() + head_bytes, bytes.data(), bytes.size());
+    // NX: an identity names content, so a value another process stored is as good as ours (a
+    // planted one is found and deleted by the first Get that checks it).
+    return redisAppendCommand(context_, "SET %b %b NX", k.data(), k.size(), value_.data(),
+                              value_.size()) == REDIS_OK;
+  }
+  // Large: what is queued goes first, then the command straight from the caller's bytes. hiredis
+  // would copy the value into its output buffer and move the unsent rest after every write.
+  for (int done = 0; done == 0;) {
+    if (redisBufferWrite(context_, &done) == REDIS_ERR) return false;
+  }
+  const std::string prefix = fmt::format("*4\r\n$3\r\nSET\r\n${}\r\n{}\r\n${}\r\n", k.size(), k,
+                                         head_bytes + bytes.size());
+  static constexpr std::string_view kSuffix = "\r\n$2\r\nNX\r\n";
+  iovec iov[4] = {{const_cast<char*>(prefix.data()), prefix.size()},
+                  {head, head_bytes},
+                  {const_cast<unsigned char*>(bytes.data()), bytes.size()},
+                  {const_cast<char*>(kSuffix.data()), kSuffix.size()}};
+  std::span<iovec> left(iov);
+  while (!left.empty()) {
+    const ssize_t n = ::writev(context_->fd, left.data(), static_cast<int>(left.size()));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;  // an error, or the send timeout passed
+    auto w = static_cast<size_t>(n);
+    while (!left.empty() && w >= left.front().iov_len) {
+      w -= left.front().iov_len;
+      left = left.subspan(1);
+    }
+    if (!left.empty()) {
+      left.front().iov_base = static_cast<char*>(left.front().iov_base) + w;
+      left.front().iov_len -= w;
+    }
+  }
+  return true;
+}
+
+void RemoteTier::IndexStored(const PrefixKey& key, int64_t bytes,
+                             std::span<const PrefixKey> victims, std::vector<std::string>& dels) {
+  for (const PrefixKey& v : victims) {
+    index_.Erase(v);
+    // Deleted only once the new entry is stored, so a failed Put evicts nothing.
+    if (options_.ownership == RemoteTierOptions::Ownership::kTier) dels.push_back(ServerKey(v));
+  }
+  index_.Insert(key, bytes);
+}
+
+void RemoteTier::DeleteAll(std::span<const std::string> keys) {
+  if (keys.empty()) return;
+  ++round_trips_;
+  for (const std::string& k : keys)
+    redisAppendCommand(context_, "DEL %b", k.data(), k.size());
+  // A DEL that fails leaves a value nobody indexes; the server's memory policy bounds those.
+  for (size_t i = 0; i < keys.size(); ++i) {
+    void* reply = nullptr;
+    if (redisGetReply(context_, &reply) != REDIS_OK) {
+      (void)Fail("DEL");
+      return;
+    }
+    freeReplyObject(reply);
+  }
 }
 
 Status RemoteTier::Put(const PrefixKey& key, std::span<const unsigned char> bytes) {
@@ -208,52 +334,125 @@ Status RemoteTier::Put(const PrefixKey& key, std::span<const unsigned char> byte
   HKV_ASSIGN_OR_RETURN(const std::vector<PrefixKey> victims,
                        index_.Victims(key, static_cast<int64_t>(bytes.size())));
   HKV_RETURN_IF_ERROR(Ready());
-  const bool sign = !sign_key_.empty();
-  const size_t offset = kHeader + (sign ? kSignature : 0);
-  std::vector<unsigned char> value(offset + bytes.size());
-  unsigned char* h = value.data();
-  Put64(h, sign ? kMagicSigned : kMagic);
-  Put32(h + 8, kVersion);
-  Put32(h + 12, static_cast<uint32_t>(key.group));
-  Put64(h + 16, key.hash.lo);
-  Put64(h + 24, key.hash.hi);
-  Put64(h + 32, options_.model.lo);
-  Put64(h + 40, options_.model.hi);
-  Put64(h + 48, bytes.size());
-  Put64(h + kChecksumAt, connector_format::SeededChecksum({h, kChecksumAt}, bytes));
   const std::string k = ServerKey(key);
-  if (sign) Sign(k, {h, kHeader}, bytes, h + kHeader);
-  if (!bytes.empty()) std::memcpy(h + offset, bytes.data(), bytes.size());
-  // NX: an identity names content, so a value another process stored is as good as ours (a
-  // planted one is found and deleted by the first Get that checks it).
-  Reply r(static_cast<redisReply*>(
-      redisCommand(context_, "SET %b %b NX", k.data(), k.size(), value.data(), value.size())));
-  if (!r || r->type == REDIS_REPLY_ERROR) return Fail("SET");
-  for (const PrefixKey& v : victims) {
-    index_.Erase(v);
-    if (options_.ownership != RemoteTierOptions::Ownership::kTier) continue;
-    // Deleted only once the new entry is stored, so a failed Put evicts nothing. A DEL that fails
-    // leaves a value nobody indexes; the server's memory policy bounds such leftovers.
-    const std::string vk = ServerKey(v);
-    Reply d(static_cast<redisReply*>(redisCommand(context_, "DEL %b", vk.data(), vk.size())));
-    if (!d) {
-      (void)Fail("DEL");
-      break;
-    }
-  }
-  index_.Insert(key, static_cast<int64_t>(bytes.size()));
+  ++round_trips_;
+  if (!AppendSet(k, key, bytes)) return Fail("SET");
+  void* reply = nullptr;
+  if (redisGetReply(context_, &reply) != REDIS_OK) return Fail("SET");
+  Reply r(static_cast<redisReply*>(reply));
+  if (r->type == REDIS_REPLY_ERROR) return Fail("SET");
+  std::vector<std::string> dels;
+  IndexStored(key, static_cast<int64_t>(bytes.size()), victims, dels);
+  DeleteAll(dels);
   return Status::Ok();
 }
 
-Result<std::vector<unsigned char>> RemoteTier::Get(const PrefixKey& key) {
-  HKV_RETURN_IF_ERROR(Ready());
-  const std::string k = ServerKey(key);
+void RemoteTier::PutMany(std::span<const PrefixKey> keys,
+                         std::span<const std::span<const unsigned char>> values,
+                         std::span<Status> out) {
+  if (!options_.pipeline) return Tier::PutMany(keys, values, out);
+  // The SETs pipelined, then the index in order, then one round trip for the deletions. A key
+  // repeated in the batch is sent once: the repeats go through the in-order pass below.
+  std::vector<unsigned char> sent(keys.size(), 0);
+  std::unordered_set<PrefixKey, PrefixKeyHash> seen;
+  size_t n = 0;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    out[i] = Status::Ok();
+    if (!index_.Contains(keys[i]) && seen.insert(keys[i]).second) {
+      sent[i] = 1;
+      ++n;
+    }
+  }
+  if (n > 0) {
+    if (Status ready = Ready(); !ready.ok()) {
+      for (size_t i = 0; i < keys.size(); ++i)
+        if (sent[i] != 0) out[i] = ready;
+      return;
+    }
+    // Commands go out in groups of about kPipelineBytes, each one round trip: hiredis moves the
+    // unsent rest of its output buffer after every write, so one huge batch costs more than a few.
+    std::string k;
+    size_t group_begin = 0, pending = 0, appended = 0;
+    bool failed = false;
+    for (size_t i = 0; i < keys.size() && !failed; ++i) {
+      if (sent[i] != 0) {
+        k = ServerKey(keys[i]);
+        if (!AppendSet(k, keys[i], values[i])) {
+          const Status down = Fail("SET");
+          for (size_t m = group_begin; m < keys.size(); ++m)
+            if (sent[m] != 0) out[m] = down;
+          break;
+        }
+        pending += values[i].size();
+        ++appended;
+      }
+      if (pending < kPipelineBytes && i + 1 < keys.size()) continue;
+      if (appended == 0) break;  // the rest were held already
+      ++round_trips_;
+      for (size_t j = group_begin; j <= i; ++j) {
+        if (sent[j] == 0) continue;
+        void* reply = nullptr;
+        if (redisGetReply(context_, &reply) != REDIS_OK) {
+          const Status down = Fail("SET");
+          for (size_t m = j; m < keys.size(); ++m)
+            if (sent[m] != 0) out[m] = down;
+          failed = true;
+          break;
+        }
+        Reply r(static_cast<redisReply*>(reply));
+        if (r->type == REDIS_REPLY_ERROR) {
+          out[j] = Status::IoError(fmt::format("remote tier: SET on {} failed: {}", server_,
+                                               std::string(r->str, r->len)));
+          ++server_errors_;
+        }
+      }
+      group_begin = i + 1;
+      pending = appended = 0;
+    }
+  }
+  std::vector<std::string> dels;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (!out[i].ok()) continue;
+    if (index_.Contains(keys[i])) {
+      index_.Touch(keys[i]);
+      continue;
+    }
+    if (sent[i] == 0) {
+      // Held when the batch began and evicted by an earlier entry of it since (its deletion is
+      // queued), or a repeat whose first Put was refused: its value was not sent. Delete what is
+      // queued first, then store it on its own.
+      DeleteAll(dels);
+      dels.clear();
+      out[i] = Put(keys[i], values[i]);
+      continue;
+    }
+    const int64_t size = static_cast<int64_t>(values[i].size());
+    Result<std::vector<PrefixKey>> victims = index_.Victims(keys[i], size);
+    if (!victims.ok()) {
+      // Stored on the server, but it does not fit this tier's own budget: not indexed. Under
+      // kTier nothing unindexed may stay.
+      out[i] = victims.status();
+      if (options_.ownership == RemoteTierOptions::Ownership::kTier) {
+        dels.push_back(ServerKey(keys[i]));
+      }
+      continue;
+    }
+    IndexStored(keys[i], size, *victims, dels);
+  }
+  if (context_ != nullptr) DeleteAll(dels);
+}
+
+void RemoteTier::AppendGet(const std::string& k) {
   // GETRANGE reads at most one byte past the limit, so a value too large to trust is never
-  // transferred in full. It reads a missing key as an empty string, so EXISTS goes with it, in the
-  // same round trip.
+  // transferred in full. It reads a missing key as an empty string, so EXISTS goes with it.
   redisAppendCommand(context_, "EXISTS %b", k.data(), k.size());
   redisAppendCommand(context_, "GETRANGE %b 0 %lld", k.data(), k.size(),
                      static_cast<long long>(options_.max_value_bytes));
+}
+
+Result<std::vector<unsigned char>> RemoteTier::ReceiveGet(const PrefixKey& key,
+                                                          const std::string& k,
+                                                          std::vector<std::string>& dels) {
   void* first = nullptr;
   void* second = nullptr;
   if (redisGetReply(context_, &first) != REDIS_OK) return Fail("EXISTS");
@@ -318,7 +517,7 @@ Result<std::vector<unsigned char>> RemoteTier::Get(const PrefixKey& key) {
     ++(forgery.empty() ? corruptions_ : forgeries_);
     ++misses_;
     if (index_.Contains(key)) index_.Erase(key);
-    Delete(k);
+    dels.push_back(k);  // deleted once every pipelined reply is read
     return Status::NotFound(fmt::format("remote tier: entry {} lost: {}", TierKeyName(key),
                                         forgery.empty() ? damage : "refused " + forgery));
   }
@@ -327,11 +526,49 @@ Result<std::vector<unsigned char>> RemoteTier::Get(const PrefixKey& key) {
   return std::vector<unsigned char>(v + offset, v + n);
 }
 
+Result<std::vector<unsigned char>> RemoteTier::Get(const PrefixKey& key) {
+  HKV_RETURN_IF_ERROR(Ready());
+  const std::string k = ServerKey(key);
+  ++round_trips_;
+  AppendGet(k);
+  std::vector<std::string> dels;
+  Result<std::vector<unsigned char>> got = ReceiveGet(key, k, dels);
+  if (context_ != nullptr) DeleteAll(dels);
+  return got;
+}
+
+void RemoteTier::GetMany(std::span<const PrefixKey> keys,
+                         std::vector<Result<std::vector<unsigned char>>>& out) {
+  if (!options_.pipeline) return Tier::GetMany(keys, out);
+  out.clear();
+  if (keys.empty()) return;
+  if (Status ready = Ready(); !ready.ok()) {
+    out.assign(keys.size(), ready);
+    return;
+  }
+  std::vector<std::string> names(keys.size());
+  ++round_trips_;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    names[i] = ServerKey(keys[i]);
+    AppendGet(names[i]);
+  }
+  std::vector<std::string> dels;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (context_ == nullptr) {  // a failed reply dropped the connection: the rest fail too
+      out.emplace_back(Status::IoError(fmt::format("remote tier: {} is down", server_)));
+      continue;
+    }
+    out.push_back(ReceiveGet(keys[i], names[i], dels));
+  }
+  if (context_ != nullptr) DeleteAll(dels);
+}
+
 Status RemoteTier::Evict(const PrefixKey& key) {
   HKV_RETURN_IF_ERROR(index_.CheckEvict(key));
   if (options_.ownership == RemoteTierOptions::Ownership::kTier) {
     HKV_RETURN_IF_ERROR(Ready());
     const std::string k = ServerKey(key);
+    ++round_trips_;
     Reply r(static_cast<redisReply*>(redisCommand(context_, "DEL %b", k.data(), k.size())));
     if (!r || r->type == REDIS_REPLY_ERROR) return Fail("DEL");
   }

@@ -1,4 +1,5 @@
 // TierConnector: write-through offload of published blocks, background loads of external hits.
+#include <algorithm>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -74,6 +75,28 @@ bool TierConnector::Has(const PrefixKey& key) const {
   return false;
 }
 
+void TierConnector::HasMany(std::span<const PrefixKey> keys, std::span<unsigned char> out) const {
+  std::fill(out.begin(), out.end(), 0);
+  std::vector<PrefixKey> ask;
+  std::vector<size_t> where;
+  std::vector<unsigned char> answers;
+  std::lock_guard lock(s_->tier_mu);
+  for (const Tier* t : s_->tiers) {
+    ask.clear();
+    where.clear();
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (out[i] != 0) continue;
+      ask.push_back(keys[i]);
+      where.push_back(i);
+    }
+    if (ask.empty()) return;
+    answers.assign(ask.size(), 0);
+    t->ContainsMany(ask, answers);
+    for (size_t j = 0; j < ask.size(); ++j)
+      out[where[j]] = answers[j];
+  }
+}
+
 Status TierConnector::Store(std::span<const ManagerEvent> events) {
   // Check every event first, so a bad one stores nothing.
   s_->scratch_export.clear();
@@ -92,30 +115,59 @@ Status TierConnector::Store(std::span<const ManagerEvent> events) {
     }
     s_->scratch_export.push_back({e.group, e.block, PrefixKey{e.hash, e.group}});
   }
-  std::vector<unsigned char> bytes;
+  const size_t n = s_->scratch_export.size();
   int64_t stored = 0, put_bytes = 0, refused = 0;
-  {
+  if (n > 0) {
+    std::vector<PrefixKey> keys(n);
+    for (size_t i = 0; i < n; ++i)
+      keys[i] = *s_->scratch_export[i].key;
     std::lock_guard lock(s_->tier_mu);
-    for (const ExportBlock& b : s_->scratch_export) {
+    // Which tier lacks which block: one batch per tier.
+    const size_t tiers = s_->tiers.size();
+    std::vector<unsigned char> has(n * tiers, 0);
+    for (size_t t = 0; t < tiers; ++t)
+      s_->tiers[t]->ContainsMany(keys, std::span(has).subspan(t * n, n));
+    // Export each missing block once; every tier that lacks it gets the same bytes.
+    std::vector<std::vector<unsigned char>> images(n);
+    for (size_t i = 0; i < n; ++i) {
       bool missing = false;
-      for (const Tier* t : s_->tiers)
-        missing = missing || !t->Contains(*b.key);
+      for (size_t t = 0; t < tiers; ++t)
+        missing = missing || has[t * n + i] == 0;
       if (!missing) continue;  // every tier has it: a Put would only refresh its recency
+      const ExportBlock& b = s_->scratch_export[i];
       HKV_ASSIGN_OR_RETURN(const int64_t size, ExportedBytes(s_->view, {&b, 1}));
-      bytes.resize(static_cast<size_t>(size));
-      HKV_RETURN_IF_ERROR(ExportBlocks(s_->view, {&b, 1}, bytes));
-      bool any = false;
-      for (Tier* t : s_->tiers) {
-        if (t->Contains(*b.key)) continue;
-        if (t->Put(*b.key, bytes).ok()) {
-          any = true;
-          put_bytes += size;
+      images[i].resize(static_cast<size_t>(size));
+      HKV_RETURN_IF_ERROR(ExportBlocks(s_->view, {&b, 1}, images[i]));
+    }
+    std::vector<unsigned char> any(n, 0);
+    std::vector<PrefixKey> put_keys;
+    std::vector<std::span<const unsigned char>> put_values;
+    std::vector<size_t> put_index;
+    std::vector<Status> results;
+    for (size_t t = 0; t < tiers; ++t) {
+      put_keys.clear();
+      put_values.clear();
+      put_index.clear();
+      for (size_t i = 0; i < n; ++i) {
+        if (has[t * n + i] != 0) continue;
+        put_keys.push_back(keys[i]);
+        put_values.emplace_back(images[i]);
+        put_index.push_back(i);
+      }
+      if (put_keys.empty()) continue;
+      results.assign(put_keys.size(), Status::Ok());
+      s_->tiers[t]->PutMany(put_keys, put_values, results);
+      for (size_t j = 0; j < put_keys.size(); ++j) {
+        if (results[j].ok()) {
+          any[put_index[j]] = 1;
+          put_bytes += static_cast<int64_t>(put_values[j].size());
         } else {
           ++refused;
         }
       }
-      stored += any ? 1 : 0;
     }
+    for (unsigned char a : any)
+      stored += a;
   }
   std::lock_guard lock(s_->mu);
   s_->stats.blocks_stored += stored;
@@ -213,22 +265,36 @@ std::string TierConnector::last_failure() const {
   return s_->last_failure;
 }
 
-Status TierConnector::LoadOne(const BlockLoad& load, std::vector<StreamBlock>& parsed) {
-  std::vector<unsigned char> bytes;
-  Status why = Status::NotFound(fmt::format("no tier holds the block of group {}", load.group));
-  {
-    std::lock_guard lock(s_->tier_mu);
-    for (Tier* t : s_->tiers) {
-      auto got = t->Get(load.key);
-      if (got.ok()) {
-        bytes = std::move(got).value();
-        why = Status::Ok();
-        break;
-      }
-      why = got.status();
-    }
+void TierConnector::Fetch(std::span<const BlockLoad> loads,
+                          std::vector<Result<std::vector<unsigned char>>>& fetched) {
+  fetched.clear();
+  fetched.reserve(loads.size());
+  for (const BlockLoad& l : loads) {
+    fetched.emplace_back(
+        Status::NotFound(fmt::format("no tier holds the block of group {}", l.group)));
   }
-  HKV_RETURN_IF_ERROR(why);
+  std::vector<PrefixKey> ask;
+  std::vector<size_t> where;
+  std::vector<Result<std::vector<unsigned char>>> got;
+  std::lock_guard lock(s_->tier_mu);
+  // Tier by tier, what no earlier tier returned: one batch per tier (one round trip on Redis).
+  for (Tier* t : s_->tiers) {
+    ask.clear();
+    where.clear();
+    for (size_t i = 0; i < loads.size(); ++i) {
+      if (fetched[i].ok()) continue;
+      ask.push_back(loads[i].key);
+      where.push_back(i);
+    }
+    if (ask.empty()) return;
+    t->GetMany(ask, got);
+    for (size_t j = 0; j < ask.size(); ++j)
+      fetched[where[j]] = std::move(got[j]);
+  }
+}
+
+Status TierConnector::ImportOne(const BlockLoad& load, std::span<const unsigned char> bytes,
+                                std::vector<StreamBlock>& parsed) {
   // Identities first (nothing written if they are wrong), then one pass that verifies each
   // image as it copies it: a damaged image leaves the targets written, which is harmless - they
   // are this request's private blocks, released unpublished when the load fails.
@@ -260,6 +326,7 @@ Status TierConnector::LoadOne(const BlockLoad& load, std::vector<StreamBlock>& p
 
 void TierConnector::Run() {
   std::vector<StreamBlock> parsed;
+  std::vector<Result<std::vector<unsigned char>>> fetched;
   std::unique_lock lock(s_->mu);
   for (;;) {
     s_->cv.wait(lock, [&] { return s_->stop || !s_->queue.empty(); });
@@ -269,12 +336,16 @@ void TierConnector::Run() {
     s_->running = id;
     s_->busy = true;
     Status result = Status::Ok();
-    for (size_t i = 0;; ++i) {
-      State::Job& job = s_->jobs.at(id);
-      if (job.cancelled || i == job.loads.size() || !result.ok()) break;
-      const BlockLoad load = job.loads[i];
+    // Every block of the job is fetched at once, then checked and imported one by one, the
+    // cancel flag read between blocks.
+    const std::vector<BlockLoad> loads = s_->jobs.at(id).loads;
+    lock.unlock();
+    Fetch(loads, fetched);
+    lock.lock();
+    for (size_t i = 0; i < loads.size() && result.ok(); ++i) {
+      if (s_->jobs.at(id).cancelled) break;
       lock.unlock();
-      result = LoadOne(load, parsed);
+      result = fetched[i].ok() ? ImportOne(loads[i], *fetched[i], parsed) : fetched[i].status();
       lock.lock();
     }
     State::Job& job = s_->jobs.at(id);

@@ -23,6 +23,31 @@ CacheCore::CacheCore(const ManagerConfig& c)
 
 // ---- identities -----------------------------------------------------------------------------
 
+namespace {
+
+bool KeyLess(const PrefixKey& a, const PrefixKey& b) {
+  if (a.hash.hi != b.hash.hi) return a.hash.hi < b.hash.hi;
+  if (a.hash.lo != b.hash.lo) return a.hash.lo < b.hash.lo;
+  return a.group < b.group;
+}
+
+}  // namespace
+
+void CacheCore::AskExternal() {
+  std::sort(external_keys.begin(), external_keys.end(), KeyLess);
+  external_keys.erase(std::unique(external_keys.begin(), external_keys.end()), external_keys.end());
+  external_answers.assign(external_keys.size(), 0);
+  if (!external_keys.empty()) external->HasMany(external_keys, external_answers);
+}
+
+bool CacheCore::ExternalHas(const PrefixKey& key) const {
+  const auto it = std::lower_bound(external_keys.begin(), external_keys.end(), key, KeyLess);
+  if (it != external_keys.end() && *it == key) {
+    return external_answers[static_cast<size_t>(it - external_keys.begin())] != 0;
+  }
+  return external->Has(key);
+}
+
 void CacheCore::ExtendHashes(Request& r) {
   const int64_t g = hash_tokens;
   const int64_t full = r.known() / g;

@@ -65,8 +65,13 @@ struct CacheCore {
   // A block is available to a hit when the pool caches it or, during Lookup(id, external),
   // when `external` has it.
   bool Available(const BlockPool& bp, const PrefixKey& key) const {
-    return bp.Find(key) >= 0 || (external != nullptr && external->Has(key));
+    return bp.Find(key) >= 0 || (external != nullptr && ExternalHas(key));
   }
+  // The store's answer for `key`: from the batch Lookup asked up front (AskExternal), else Has.
+  bool ExternalHas(const PrefixKey& key) const;
+  // Asks the store about every key in external_keys at once (ExternalBlocks::HasMany), keeping
+  // the answers for ExternalHas until the next call.
+  void AskExternal();
   // Sorts blocks by whether they carry an identity: those without go to the free-list head, the
   // rest follow the request's retention.
   void Release(int32_t pool, std::span<const int32_t> blocks, Retention retention);
@@ -101,6 +106,10 @@ struct CacheCore {
   SlabArena arena;  // two-level memory (config.arena); unused otherwise
   ManagerStats stats;
   const ExternalBlocks* external = nullptr;  // set only inside Lookup(id, external)
+  // Lookup(id, external): the keys the groups listed (GroupManager::ExternalCandidates), sorted,
+  // and the store's answers (1: has), index for index.
+  std::vector<PrefixKey> external_keys;
+  std::vector<unsigned char> external_answers;
 
   // Allocate's plan: blocks each pool must supply, and free hit blocks whose slabs must stay.
   std::vector<int64_t> need;

@@ -12,6 +12,8 @@ namespace hkv::manager_internal {
 GroupManager::GroupManager(CacheCore& core, int32_t group) : core_(core), group_(group) {}
 GroupManager::~GroupManager() = default;
 
+void GroupManager::ExternalCandidates(const Request&, int64_t, std::vector<PrefixKey>&) const {}
+
 bool GroupManager::EncoderCached(const Request&) const {
   return true;
 }

@@ -95,6 +95,10 @@ class GroupManager {
   // Largest x' <= x (a multiple of align) from which this group could continue with available
   // blocks; `cap` bounds the whole search. Groups that do not follow decoder positions return x.
   virtual int64_t LookupBound(const Request& r, int64_t x, int64_t cap) = 0;
+  // Appends the keys LookupBound may ask an external store about for a search capped at `cap`
+  // (those the pools do not cache), so that Lookup asks the store once. A key left out is asked
+  // one at a time; none listed is the default.
+  virtual void ExternalCandidates(const Request& r, int64_t cap, std::vector<PrefixKey>& out) const;
   // Blocks a hit of `tokens` needs that the pools do not cache (hit.loads).
   virtual int32_t CountLoads(const Request& r, int64_t tokens) const = 0;
   // Whether the encoder's blocks are cached (true for every group without an encoder).

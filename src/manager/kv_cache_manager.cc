@@ -190,6 +190,13 @@ Result<PrefixHit> KvCacheManager::Impl::Lookup(RequestId id, const ExternalBlock
   core.stats.lookup_tokens += r->known();
   if (config.enable_prefix_caching) {
     core.external = ext;
+    if (ext != nullptr) {
+      // One question to the store for every key the hit rules may ask about.
+      core.external_keys.clear();
+      for (const auto& g : groups)
+        g->ExternalCandidates(*r, r->known() - 1, core.external_keys);
+      core.AskExternal();
+    }
     int64_t x = LookupFixedPoint(*r, r->known() - 1);
     if (config.drop_last_hit_block && x > 0) x = LookupFixedPoint(*r, x - 1);
     core.external = nullptr;

@@ -15,6 +15,15 @@ int64_t StateGroup::LookupBound(const Request& r, int64_t x, int64_t) {
   return x;
 }
 
+void StateGroup::ExternalCandidates(const Request& r, int64_t cap,
+                                    std::vector<PrefixKey>& out) const {
+  const BlockPool& bp = block_pool();
+  for (int64_t p = core_.align; p <= cap; p += core_.align) {
+    const PrefixKey k = Key(r, p);
+    if (bp.Find(k) < 0) out.push_back(k);
+  }
+}
+
 int32_t StateGroup::CountLoads(const Request& r, int64_t tokens) const {
   if (tokens <= 0) return 0;
   return block_pool().Find(Key(r, tokens)) < 0 ? 1 : 0;

@@ -47,6 +47,9 @@ class StateGroup final : public GroupManager {
   void AddSlot() override { slots_.emplace_back(); }
   void ClearSlot(int32_t slot) override { slot_at(slot).Clear(); }
   int64_t LookupBound(const Request& r, int64_t x, int64_t cap) override;
+  // Every aligned position up to `cap` whose checkpoint the pools do not cache.
+  void ExternalCandidates(const Request& r, int64_t cap,
+                          std::vector<PrefixKey>& out) const override;
   int32_t CountLoads(const Request& r, int64_t tokens) const override;
   int64_t TruncateBound(const Request& r, int64_t x, int64_t new_known) const override;
   Status PlanStep(const Request& r, const StepPlan& s, HitPlan& hp, int64_t& need) const override;

@@ -7,6 +7,16 @@
 
 namespace hkv::manager_internal {
 
+void TokenGroup::ExternalCandidates(const Request& r, int64_t cap,
+                                    std::vector<PrefixKey>& out) const {
+  const BlockPool& bp = block_pool();
+  const int64_t blocks = cap / block_tokens();
+  for (int64_t j = 0; j < blocks; ++j) {
+    const PrefixKey k = Key(r, j);
+    if (bp.Find(k) < 0) out.push_back(k);
+  }
+}
+
 int32_t TokenGroup::CountLoads(const Request& r, int64_t tokens) const {
   if (tokens <= 0) return 0;
   const BlockPool& bp = block_pool();

@@ -39,6 +39,9 @@ struct TokenSlot {
 
 class TokenGroup : public GroupManager {
  public:
+  // Every full block before `cap` the pools do not cache (both kinds scan those).
+  void ExternalCandidates(const Request& r, int64_t cap,
+                          std::vector<PrefixKey>& out) const override;
   using GroupManager::GroupManager;
 
   // The blocks that hold what continuing at position x needs.

@@ -16,7 +16,15 @@ namespace {
 // What another engine published: every stored identity it reported.
 class FakeStore : public ExternalBlocks {
  public:
-  bool Has(const PrefixKey& key) const override { return keys_.count(key) > 0; }
+  bool Has(const PrefixKey& key) const override {
+    ++has_calls;
+    return keys_.count(key) > 0;
+  }
+  void HasMany(std::span<const PrefixKey> keys, std::span<unsigned char> out) const override {
+    ++batches;
+    for (size_t i = 0; i < keys.size(); ++i)
+      out[i] = keys_.count(keys[i]) > 0 ? 1 : 0;
+  }
   void Take(KvCacheManager& m) {
     for (const ManagerEvent& e : m.TakeEvents()) {
       if (e.kind == KvEvent::Kind::kStored) keys_.insert({e.hash, e.group});
@@ -24,6 +32,8 @@ class FakeStore : public ExternalBlocks {
   }
   void Erase(const PrefixKey& key) { keys_.erase(key); }
   size_t size() const { return keys_.size(); }
+  mutable int64_t has_calls = 0;  // one key at a time
+  mutable int64_t batches = 0;    // HasMany calls
 
  private:
   std::unordered_set<PrefixKey, PrefixKeyHash> keys_;
@@ -197,8 +207,12 @@ TEST(ExternalLoadTest, ExternalHitEqualsThePublishersLocalHitForEveryGroupMix) {
       const PrefixHit want = Publish(k.config, Seq(len), store);
       Driver d(k.config);
       d.Add(1, Seq(len));
+      store.has_calls = store.batches = 0;
       const PrefixHit hit = d.m().Lookup(1, store).value();
       EXPECT_EQ(hit.tokens, want.tokens);
+      // Every key the hit rules asked about was in the one batch: one question to the store.
+      EXPECT_EQ(store.batches, 1);
+      EXPECT_EQ(store.has_calls, 0);
       if (hit.tokens == 0) {
         EXPECT_EQ(hit.loads, 0);
         continue;

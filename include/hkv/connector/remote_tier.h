@@ -25,6 +25,8 @@
 //   server needs no TCP port at all.
 // - A Put of a key the server already holds (content-named) keeps the stored value.
 // - Bounded reads: a Get reads at most `max_value_bytes` + 1 bytes of a value (GETRANGE).
+// - Batches: ContainsMany, GetMany and PutMany pipeline their commands (EXISTS, GETRANGE, SET
+//   NX): one round trip for the batch (PutMany: one per MiB of values), and one for any deletions.
 // - A server that is down, slow (past the timeout) or answers with an error never crashes or
 //   hangs a caller: Contains says false, Get and Put fail with kIoError naming the server, the
 //   index is left as it was, server_errors() counts it. The connection is dropped and retried at
@@ -58,6 +60,9 @@ struct RemoteTierOptions {
   // The largest value a Get reads (header and signature included); a larger one is a miss, read
   // no further than one byte past the limit, and left in place.
   int64_t max_value_bytes = int64_t{256} << 20;
+  // ContainsMany and PutMany pipeline their commands: one round trip per batch. Off: one per key
+  // (to measure the difference).
+  bool pipeline = true;
   int64_t capacity_bytes = int64_t{1} << 30;  // this tier's own entries (payload bytes)
   int timeout_ms = 1000;                      // connect and per-command
   int retry_after_ms = 200;                   // after a failure, calls fail fast this long
@@ -75,7 +80,13 @@ class RemoteTier final : public Tier {
 
   bool Contains(const PrefixKey& key) const override;
   Status Put(const PrefixKey& key, std::span<const unsigned char> bytes) override;
+  void ContainsMany(std::span<const PrefixKey> keys, std::span<unsigned char> out) const override;
+  void PutMany(std::span<const PrefixKey> keys,
+               std::span<const std::span<const unsigned char>> values,
+               std::span<Status> out) override;
   Result<std::vector<unsigned char>> Get(const PrefixKey& key) override;
+  void GetMany(std::span<const PrefixKey> keys,
+               std::vector<Result<std::vector<unsigned char>>>& out) override;
   Status Pin(const PrefixKey& key) override { return index_.Pin(key); }
   Status Unpin(const PrefixKey& key) override { return index_.Unpin(key); }
   Status Evict(const PrefixKey& key) override;
@@ -92,6 +103,8 @@ class RemoteTier final : public Tier {
   int64_t forgeries_refused() const { return forgeries_; }
   int64_t server_errors() const { return server_errors_; }
   int64_t reconnects() const { return reconnects_; }
+  // Requests sent and answered: one per call, one per pipelined batch.
+  int64_t round_trips() const { return round_trips_; }
 
  private:
   explicit RemoteTier(const RemoteTierOptions& options);
@@ -103,8 +116,23 @@ class RemoteTier final : public Tier {
   // The signature of a value under server key `k`.
   void Sign(const std::string& k, std::span<const unsigned char> header,
             std::span<const unsigned char> payload, unsigned char* out) const;
-  // Deletes server key `k` (a damaged or forged value), as a best effort.
-  void Delete(const std::string& k);
+  // Deletes these server keys in one round trip, as a best effort.
+  void DeleteAll(std::span<const std::string> keys);
+  // The header (and signature) of the value stored under server key `k` for `key` into `h`;
+  // its length.
+  size_t BuildHead(const std::string& k, const PrefixKey& key, std::span<const unsigned char> bytes,
+                   unsigned char* h) const;
+  // Queues EXISTS and GETRANGE for server key `k`; ReceiveGet reads and checks their replies,
+  // queueing the key of a damaged or forged value into `dels`.
+  void AppendGet(const std::string& k);
+  Result<std::vector<unsigned char>> ReceiveGet(const PrefixKey& key, const std::string& k,
+                                                std::vector<std::string>& dels);
+  // Queues SET k value NX (sending it at once when large); false when the connection failed.
+  bool AppendSet(const std::string& k, const PrefixKey& key, std::span<const unsigned char> bytes);
+  // After a stored Put: forgets the victims (their server keys into `dels` under kTier) and
+  // indexes `key`.
+  void IndexStored(const PrefixKey& key, int64_t bytes, std::span<const PrefixKey> victims,
+                   std::vector<std::string>& dels);
 
   RemoteTierOptions options_;
   std::string server_;  // "host:port" or the socket path, for messages
@@ -112,8 +140,9 @@ class RemoteTier final : public Tier {
   mutable redisContext* context_ = nullptr;
   mutable std::chrono::steady_clock::time_point retry_at_{};
   std::vector<unsigned char> sign_key_;  // derived from the secret; empty without one
+  std::vector<unsigned char> value_;     // Put's scratch
   mutable int64_t hits_ = 0, misses_ = 0, corruptions_ = 0, forgeries_ = 0, server_errors_ = 0,
-                  reconnects_ = 0;
+                  reconnects_ = 0, round_trips_ = 0;
 };
 
 }  // namespace hkv

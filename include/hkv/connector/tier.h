@@ -24,6 +24,25 @@ class Tier {
 
   virtual bool Contains(const PrefixKey& key) const = 0;
   virtual Status Put(const PrefixKey& key, std::span<const unsigned char> bytes) = 0;
+  // out[i] = 1 when the tier contains keys[i].
+  virtual void ContainsMany(std::span<const PrefixKey> keys, std::span<unsigned char> out) const {
+    for (size_t i = 0; i < keys.size(); ++i)
+      out[i] = Contains(keys[i]) ? 1 : 0;
+  }
+  // out: one Get per key, in order.
+  virtual void GetMany(std::span<const PrefixKey> keys,
+                       std::vector<Result<std::vector<unsigned char>>>& out) {
+    out.clear();
+    for (const PrefixKey& k : keys)
+      out.push_back(Get(k));
+  }
+  // out[i] = the Status of putting values[i] under keys[i].
+  virtual void PutMany(std::span<const PrefixKey> keys,
+                       std::span<const std::span<const unsigned char>> values,
+                       std::span<Status> out) {
+    for (size_t i = 0; i < keys.size(); ++i)
+      out[i] = Put(keys[i], values[i]);
+  }
   // The stored bytes; NotFound on a miss.
   virtual Result<std::vector<unsigned char>> Get(const PrefixKey& key) = 0;
   virtual Status Pin(const PrefixKey& key) = 0;

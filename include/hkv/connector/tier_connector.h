@@ -5,12 +5,15 @@
 // - It is the manager's ExternalBlocks: Has(key) is true when some tier contains the key (asked
 //   in tier order, fastest first). Pass it to KvCacheManager::Lookup(id, connector).
 // - Store(events) exports every block a kStored event names, from the memory view, and puts it
-//   into every tier that lacks it. Call it right after the manager call that published them,
-//   before the next call that allocates: a published block is never written again, but once
-//   freed it can be reused. A tier that refuses a Put (full of pins, a server down) only costs
-//   that copy (counted); Store fails only on a bad event (a group or block the view lacks).
+//   into every tier that lacks it - per tier one ContainsMany and one PutMany for the whole
+//   call, so a remote tier costs two round trips per step however many blocks it publishes. Call it
+//   right after the manager call that published them, before the next call that allocates: a
+//   published block is never written again, but once freed it can be reused. A tier that refuses a
+//   Put (full of pins, a server down) only costs that copy (counted); Store fails only on a bad
+//   event (a group or block the view lacks).
 // - StartLoad(id, loads) queues the first step's loads (StepInfo::loads) for a worker thread,
-//   which fetches each block's stream from the first tier that returns it, checks that it carries
+//   which fetches every block's stream from the first tier that returns it (one GetMany per
+//   tier for the whole job: one round trip on a remote tier), checks that it carries
 //   exactly the key, group and kind the manager asked for, and imports it into the block in one
 //   pass that verifies the checksums as it copies (ImportBlocksVerifying: a damaged image leaves
 //   the target written, which is harmless - the targets are discarded when a load fails). The
@@ -60,6 +63,9 @@ class TierConnector final : public ExternalBlocks {
   TierConnector& operator=(const TierConnector&) = delete;
 
   bool Has(const PrefixKey& key) const override;
+  // Each tier is asked, in order, about the keys no earlier tier has, in one batch
+  // (Tier::ContainsMany: one round trip on a remote tier).
+  void HasMany(std::span<const PrefixKey> keys, std::span<unsigned char> out) const override;
   Status Store(std::span<const ManagerEvent> events);
 
   // kInvalidArgument (nothing queued) for an id with a job already, no loads, or a load whose
@@ -80,8 +86,12 @@ class TierConnector final : public ExternalBlocks {
   struct State;  // the worker, its queue and jobs, the tiers' lock: tier_connector.cc
   TierConnector(const BlockMemoryView& view, std::vector<Tier*> tiers);
   void Run();
-  // Fetches, checks and imports one block; the reason on failure.
-  Status LoadOne(const BlockLoad& load, std::vector<StreamBlock>& parsed);
+  // The bytes of every load, each from the first tier that returns it (one GetMany per tier).
+  void Fetch(std::span<const BlockLoad> loads,
+             std::vector<Result<std::vector<unsigned char>>>& fetched);
+  // Checks the fetched stream and imports it into the load's block; the reason on failure.
+  Status ImportOne(const BlockLoad& load, std::span<const unsigned char> bytes,
+                   std::vector<StreamBlock>& parsed);
 
   std::unique_ptr<State> s_;
 };

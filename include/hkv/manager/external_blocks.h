@@ -8,7 +8,12 @@
 // engine reports the load complete (FinishLoad), and a failed load returns the request to where
 // it was before its first Allocate, so a broken store costs a recomputation, never a wrong
 // output.
+// HasMany answers a batch (out[i] = 1 when the store has keys[i]), as Has would one by one; a
+// store behind a network overrides it to answer in one round trip. Lookup lists every key its
+// hit rules may ask about up front and asks HasMany once, then Has only for keys it did not list.
 #pragma once
+
+#include <span>
 
 #include <hkv/pool/block_hash.h>
 
@@ -18,6 +23,10 @@ class ExternalBlocks {
  public:
   virtual ~ExternalBlocks() = default;
   virtual bool Has(const PrefixKey& key) const = 0;
+  virtual void HasMany(std::span<const PrefixKey> keys, std::span<unsigned char> out) const {
+    for (size_t i = 0; i < keys.size(); ++i)
+      out[i] = Has(keys[i]) ? 1 : 0;
+  }
 };
 
 }  // namespace hkv
