@@ -190,6 +190,11 @@ class Event:
     @property
     def hash(self) -> int: ...  # 128-bit prefix digest
     block: int
+    request: int  # stored: the request that published it (0: none)
+    position: int  # stored: where its tokens start (a checkpoint: its position); -1: unknown
+    @property
+    def parent(self) -> int | None: ...  # stored: the digest before the block; None for a first
+    adapter: int  # stored: the request's adapter (0: the base model)
 
 Tokens = Sequence[int] | npt.NDArray[np.int32]
 Ids = Sequence[int] | npt.NDArray[np.uint64]

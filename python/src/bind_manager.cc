@@ -283,6 +283,14 @@ void BindStatsTypes(py::module_& m) {
       .def_readonly("group", &ManagerEvent::group)
       .def_property_readonly("hash", [](const ManagerEvent& e) { return FromHash(e.hash); })
       .def_readonly("block", &ManagerEvent::block)
+      .def_readonly("request", &ManagerEvent::request)
+      .def_readonly("position", &ManagerEvent::position)
+      .def_property_readonly("parent",
+                             [](const ManagerEvent& e) -> py::object {
+                               if (!e.parent) return py::none();
+                               return FromHash(*e.parent);
+                             })
+      .def_readonly("adapter", &ManagerEvent::adapter)
       .def("__repr__", [](const ManagerEvent& e) {
         return fmt::format("Event({}, pool={}, group={}, block={})", KindName(e.kind), e.pool,
                            e.group, e.block);

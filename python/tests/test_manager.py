@@ -202,6 +202,9 @@ def test_events_and_reset(small):
     assert all(e.pool == 0 and e.group == 0 and 0 <= e.hash < 2**128 for e in events)
     assert events[0].hash != events[1].hash
     assert {e.block for e in events} == set(small.block_table(1, 0)[:2].tolist())
+    # Provenance for routers: the request, where each block starts, the block before it.
+    assert [(e.request, e.position, e.adapter) for e in events] == [(1, 0, 0), (1, 4, 0)]
+    assert events[0].parent is None and events[1].parent == events[0].hash
     assert small.take_events() == []
     small.free(1)
     assert small.usage(0).num_cached == 2

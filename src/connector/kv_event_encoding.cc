@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 
 #include <hkv/connector/kv_events.h>
+#include <hkv/manager/manager_config.h>
 
 #define MSGPACK_NO_BOOST
 #include <msgpack.hpp>
@@ -57,7 +58,9 @@ Result<std::vector<Run>> JoinRuns(std::span<const ManagerEvent> events,
     }
     if (!runs.empty() && runs.back().kind == e.kind && e.kind != KvEvent::Kind::kCleared) {
       const ManagerEvent& p = events[runs.back().first + runs.back().count - 1];
-      const int32_t bt = groups[static_cast<size_t>(e.group)].block_tokens;
+      const KvEventGroup& g = groups[static_cast<size_t>(e.group)];
+      // Checkpoints stay one per event: each is its own state, not a run of blocks.
+      const int32_t bt = g.kind == "mamba" ? 0 : g.block_tokens;
       const bool joins =
           p.group == e.group && (e.kind == KvEvent::Kind::kRemoved ||
                                  (e.request != 0 && p.request == e.request && bt > 0 &&
@@ -100,23 +103,36 @@ void PackStored(Packer& pk, std::span<const ManagerEvent> events, const Run& run
   PackStr(pk, "BlockStored");
   PackHashes(pk, events, run);
   PackStr(pk, "parent_block_hash");
-  pk.pack_nil();
+  if (head.parent) {
+    PackHash(pk, *head.parent);
+  } else {
+    pk.pack_nil();
+  }
   const std::span<const int32_t> known =
       head.request != 0 && tokens ? tokens(head.request) : std::span<const int32_t>{};
   const bool state = g.kind == "mamba";
+  // A checkpoint holds the state after `position` tokens; it chains to the digest `block_tokens`
+  // (the manager's alignment) earlier, so it carries only those tokens - bounded however long the
+  // prefix - or, without a parent, the tokens from the start.
+  const int64_t state_begin =
+      head.parent ? std::max<int64_t>(head.position - g.block_tokens, 0) : 0;
   PackStr(pk, "token_ids");
   if (head.position < 0) {
     pk.pack_array(0);
   } else if (state) {
-    PackTokens(pk, known, 0, head.position);
+    PackTokens(pk, known, state_begin, head.position);
   } else {
     PackTokens(pk, known, head.position,
                head.position + static_cast<int64_t>(run.count) * g.block_tokens);
   }
   PackStr(pk, "block_size");
-  pk.pack_int64(state ? std::max<int64_t>(head.position, 0) : g.block_tokens);
+  pk.pack_int64(state ? std::max<int64_t>(head.position - state_begin, 0) : g.block_tokens);
   PackStr(pk, "lora_id");
-  pk.pack_nil();
+  if (head.adapter != 0) {
+    pk.pack_uint64(head.adapter);
+  } else {
+    pk.pack_nil();
+  }
   PackStr(pk, "medium");
   PackStr(pk, encoding.medium);
   PackStr(pk, "lora_name");
@@ -141,6 +157,10 @@ RequestTokens TokensOf(const KvCacheManager& manager) {
 }
 
 std::vector<KvEventGroup> KvEventGroupsOf(const Plan& plan) {
+  // A state group's "block": the manager's alignment, the distance from a checkpoint to its
+  // parent digest.
+  const Result<ManagerConfig> config = ManagerConfig::FromPlan(plan);
+  const int32_t align = config.ok() ? config->align_tokens() : 0;
   std::vector<KvEventGroup> out;
   for (const KvGroup& g : plan.groups) {
     KvEventGroup e;
@@ -161,6 +181,7 @@ std::vector<KvEventGroup> KvEventGroupsOf(const Plan& plan) {
         break;
       case TokenRuleKind::kState:
         e.kind = "mamba";
+        e.block_tokens = align;
         break;
       case TokenRuleKind::kEncoder:
         e.kind = "cross_attention";

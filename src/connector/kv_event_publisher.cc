@@ -150,12 +150,19 @@ int64_t KvEventPublisher::next_sequence() const {
 
 Status KvEventPublisher::Publish(std::span<const ManagerEvent> events,
                                  const RequestTokens& tokens) {
+  return Publish(events, tokens, state_->options.encoding.medium);
+}
+
+Status KvEventPublisher::Publish(std::span<const ManagerEvent> events, const RequestTokens& tokens,
+                                 std::string_view medium) {
   if (events.empty()) return Status::Ok();
   State& st = *state_;
   const double ts =
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  KvEventEncoding encoding = st.options.encoding;
+  encoding.medium = std::string(medium);
   HKV_ASSIGN_OR_RETURN(std::vector<unsigned char> payload,
-                       EncodeKvEventBatch(events, st.groups, tokens, st.options.encoding, ts));
+                       EncodeKvEventBatch(events, st.groups, tokens, encoding, ts));
   // Subscription messages queue on an XPUB socket: read them so they never pile up.
   unsigned char sub[256];
   while (zmq_recv(st.pub, sub, sizeof(sub), ZMQ_DONTWAIT) > 0) {

@@ -305,7 +305,10 @@ void RemoteTier::IndexStored(const PrefixKey& key, int64_t bytes,
   for (const PrefixKey& v : victims) {
     index_.Erase(v);
     // Deleted only once the new entry is stored, so a failed Put evicts nothing.
-    if (options_.ownership == RemoteTierOptions::Ownership::kTier) dels.push_back(ServerKey(v));
+    if (options_.ownership == RemoteTierOptions::Ownership::kTier) {
+      dels.push_back(ServerKey(v));
+      Dropped(v);
+    }
   }
   index_.Insert(key, bytes);
 }
@@ -463,7 +466,10 @@ Result<std::vector<unsigned char>> RemoteTier::ReceiveGet(const PrefixKey& key,
   if (exists->integer == 0) {
     ++misses_;
     // Ours but gone (the server restarted or evicted it): forget it, pins and all.
-    if (index_.Contains(key)) index_.Erase(key);
+    if (index_.Contains(key)) {
+      index_.Erase(key);
+      Dropped(key);
+    }
     return Status::NotFound(
         fmt::format("remote tier: no entry for {} on {}", TierKeyName(key), server_));
   }
@@ -518,6 +524,7 @@ Result<std::vector<unsigned char>> RemoteTier::ReceiveGet(const PrefixKey& key,
     ++misses_;
     if (index_.Contains(key)) index_.Erase(key);
     dels.push_back(k);  // deleted once every pipelined reply is read
+    Dropped(key);
     return Status::NotFound(fmt::format("remote tier: entry {} lost: {}", TierKeyName(key),
                                         forgery.empty() ? damage : "refused " + forgery));
   }
@@ -572,6 +579,7 @@ Status RemoteTier::Evict(const PrefixKey& key) {
     Reply r(static_cast<redisReply*>(redisCommand(context_, "DEL %b", k.data(), k.size())));
     if (!r || r->type == REDIS_REPLY_ERROR) return Fail("DEL");
   }
+  if (options_.ownership == RemoteTierOptions::Ownership::kTier) Dropped(key);
   index_.Erase(key);
   return Status::Ok();
 }

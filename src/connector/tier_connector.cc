@@ -37,11 +37,16 @@ struct TierConnector::State {
   TierConnectorStats stats;
   std::string last_failure;
   std::vector<ExportBlock> scratch_export;
+  std::vector<size_t> scratch_event;  // per export: its event's index in the Store call
+  std::vector<TierEvent> events;      // guarded by tier_mu
+  std::vector<PrefixKey> scratch_dropped;
   std::thread worker;
 };
 
 TierConnector::TierConnector(const BlockMemoryView& view, std::vector<Tier*> tiers)
     : s_(std::make_unique<State>(view, std::move(tiers))) {
+  for (Tier* t : s_->tiers)
+    t->TrackDropped(true);
   s_->worker = std::thread([this] { Run(); });
 }
 
@@ -100,7 +105,9 @@ void TierConnector::HasMany(std::span<const PrefixKey> keys, std::span<unsigned 
 Status TierConnector::Store(std::span<const ManagerEvent> events) {
   // Check every event first, so a bad one stores nothing.
   s_->scratch_export.clear();
-  for (const ManagerEvent& e : events) {
+  s_->scratch_event.clear();
+  for (size_t ei = 0; ei < events.size(); ++ei) {
+    const ManagerEvent& e = events[ei];
     if (e.kind != KvEvent::Kind::kStored) continue;
     if (e.group < 0 || e.group >= s_->view.num_groups()) {
       return Status::InvalidArgument(fmt::format(
@@ -114,6 +121,7 @@ Status TierConnector::Store(std::span<const ManagerEvent> events) {
           s_->view.first_block(pool) + s_->view.num_blocks(pool) - 1));
     }
     s_->scratch_export.push_back({e.group, e.block, PrefixKey{e.hash, e.group}});
+    s_->scratch_event.push_back(ei);
   }
   const size_t n = s_->scratch_export.size();
   int64_t stored = 0, put_bytes = 0, refused = 0;
@@ -161,6 +169,7 @@ Status TierConnector::Store(std::span<const ManagerEvent> events) {
         if (results[j].ok()) {
           any[put_index[j]] = 1;
           put_bytes += static_cast<int64_t>(put_values[j].size());
+          s_->events.push_back({s_->tiers[t]->medium(), events[s_->scratch_event[put_index[j]]]});
         } else {
           ++refused;
         }
@@ -253,6 +262,23 @@ void TierConnector::Cancel(RequestId id) {
 bool TierConnector::HasJob(RequestId id) const {
   std::lock_guard lock(s_->mu);
   return s_->jobs.count(id) > 0;
+}
+
+void TierConnector::TakeEvents(std::vector<TierEvent>& out) {
+  std::lock_guard lock(s_->tier_mu);
+  for (Tier* t : s_->tiers) {
+    s_->scratch_dropped.clear();
+    t->TakeDropped(s_->scratch_dropped);
+    for (const PrefixKey& k : s_->scratch_dropped) {
+      ManagerEvent e;
+      e.kind = KvEvent::Kind::kRemoved;
+      e.group = k.group;
+      e.hash = k.hash;
+      s_->events.push_back({t->medium(), e});
+    }
+  }
+  out.insert(out.end(), s_->events.begin(), s_->events.end());
+  s_->events.clear();
 }
 
 TierConnectorStats TierConnector::stats() const {

@@ -38,6 +38,7 @@ void TierIndex::Insert(const PrefixKey& key, int64_t bytes) {
 }
 
 void TierIndex::Erase(const PrefixKey& key) {
+  if (track_) dropped_.push_back(key);
   auto it = entries_.find(key);
   used_ -= it->second.bytes;
   lru_.erase(it->second.lru);

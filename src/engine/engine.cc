@@ -239,8 +239,27 @@ Status Engine::Impl::AfterManagerCall() {
   if (events.empty()) return Status::Ok();
   // Published blocks are exported now, before any later call can hand them out again.
   if (connector_ && options_.offload->store) HKV_RETURN_IF_ERROR(connector_->Store(events));
+  const RequestTokens tokens =
+      options_.kv_events != nullptr ? TokensOf(*manager_) : RequestTokens{};
   if (options_.kv_events != nullptr) {
-    HKV_RETURN_IF_ERROR(options_.kv_events->Publish(events, TokensOf(*manager_)));
+    HKV_RETURN_IF_ERROR(options_.kv_events->Publish(events, tokens));
+  }
+  if (connector_) HKV_RETURN_IF_ERROR(PublishTierEvents(tokens));
+  return Status::Ok();
+}
+
+Status Engine::Impl::PublishTierEvents(const RequestTokens& tokens) {
+  // Taken every time, so they never pile up; published, one batch per medium in the order the
+  // tiers reported them, when the engine publishes events.
+  tier_events_.clear();
+  connector_->TakeEvents(tier_events_);
+  if (options_.kv_events == nullptr) return Status::Ok();
+  for (size_t i = 0; i < tier_events_.size();) {
+    const std::string_view medium = tier_events_[i].medium;
+    scratch_events_.clear();
+    for (; i < tier_events_.size() && tier_events_[i].medium == medium; ++i)
+      scratch_events_.push_back(tier_events_[i].event);
+    HKV_RETURN_IF_ERROR(options_.kv_events->Publish(scratch_events_, tokens, medium));
   }
   return Status::Ok();
 }

@@ -94,6 +94,8 @@ struct Engine::Impl {
   int32_t Sample(Live& r, std::span<const float> logits, int64_t pos);
   int64_t WindowNulls(RequestId id) const;
   Status AfterManagerCall();
+  // The tiers' stores and removals (TierConnector::TakeEvents), published under their media.
+  Status PublishTierEvents(const RequestTokens& tokens);
   // The compaction policy, at the start of a step.
   Status MaybeCompact();
   // Sparse KV (sparse_kv.cc). StartSparse: fresh policies for a request starting over at `hit`.
@@ -117,6 +119,8 @@ struct Engine::Impl {
   // Offload; declared after the cache so the connector's worker stops before the memory goes.
   std::unique_ptr<BlockMemoryView> view_;
   std::unique_ptr<TierConnector> connector_;
+  std::vector<TierEvent> tier_events_;
+  std::vector<ManagerEvent> scratch_events_;
   EngineOptions options_;
   std::deque<std::unique_ptr<Live>> waiting_;
   std::vector<std::unique_ptr<Live>> running_;

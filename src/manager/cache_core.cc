@@ -184,7 +184,15 @@ void CacheCore::PublishBlock(int32_t pool, int32_t block, const PrefixKey& key, 
   if (!config.enable_prefix_caching) return;
   BlockPool& bp = pools[static_cast<size_t>(pool)];
   if (bp.has_identity(block)) return;
-  Must(bp.Publish(block, key, r.id, position));
+  // The block's parent in the group's chain: the digest where it starts (a checkpoint: where the
+  // previous aligned position would have one), for KV events.
+  const bool state = config.groups[static_cast<size_t>(key.group)].is_state();
+  const int64_t before = state ? position - align : position;
+  PublishOrigin from{r.id, position, std::nullopt, r.adapter};
+  if (before > 0 && before / hash_tokens <= static_cast<int64_t>(r.hashes.size())) {
+    from.parent = HashAt(r, before);
+  }
+  Must(bp.Publish(block, key, from));
   // Counted only when this block took the key: a copy of a checkpoint already cached stays
   // private and covers nothing more.
   if (cover && group_cover[static_cast<size_t>(key.group)] == kCoverState &&

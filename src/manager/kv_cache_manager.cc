@@ -543,8 +543,8 @@ std::vector<ManagerEvent> KvCacheManager::TakeEvents() {
   std::vector<ManagerEvent> out;
   for (size_t p = 0; p < impl_->core.pools.size(); ++p) {
     for (const KvEvent& e : impl_->core.pools[p].TakeEvents()) {
-      out.push_back({e.kind, static_cast<int32_t>(p), e.key.group, e.key.hash, e.block, e.origin,
-                     e.position});
+      out.push_back({e.kind, static_cast<int32_t>(p), e.key.group, e.key.hash, e.block,
+                     e.from.origin, e.from.position, e.from.parent, e.from.adapter});
     }
   }
   return out;

@@ -193,9 +193,9 @@ void BlockPool::InsertAfterHeadRun(int32_t b) {
   Link(b, head_run_end_, 0);
 }
 
-void BlockPool::Record(KvEvent::Kind kind, const PrefixKey& key, int32_t block, uint64_t origin,
-                       int64_t position) {
-  if (record_events_) events_.push_back({kind, key, block, origin, position});
+void BlockPool::Record(KvEvent::Kind kind, const PrefixKey& key, int32_t block,
+                       const PublishOrigin& from) {
+  if (record_events_) events_.push_back({kind, key, block, from});
 }
 
 void BlockPool::DropIdentity(int32_t b) {
@@ -254,7 +254,7 @@ Status BlockPool::Reacquire(int32_t block) {
   return Status::Ok();
 }
 
-Status BlockPool::Publish(int32_t block, const PrefixKey& key, uint64_t origin, int64_t position) {
+Status BlockPool::Publish(int32_t block, const PrefixKey& key, const PublishOrigin& from) {
   HKV_RETURN_IF_ERROR(CheckBlockId(block, "publish"));
   const size_t i = static_cast<size_t>(block);
   if (ref_[i] == 0) {
@@ -265,17 +265,17 @@ Status BlockPool::Publish(int32_t block, const PrefixKey& key, uint64_t origin, 
     return Status::FailedPrecondition(
         fmt::format("publish: block {} already has a prefix identity", block));
   }
-  (void)Store(block, key, origin, position);  // another block holding key: the first keeps it
+  (void)Store(block, key, from);  // another block holding key: the first keeps it
   return Status::Ok();
 }
 
-bool BlockPool::Store(int32_t b, const PrefixKey& key, uint64_t origin, int64_t position) {
+bool BlockPool::Store(int32_t b, const PrefixKey& key, const PublishOrigin& from) {
   const size_t i = static_cast<size_t>(b);
   if (index_.Emplace(key, b) >= 0) return false;
   key_[i] = key;
   has_key_[i] = 1;
   SegmentCached(b, +1);
-  Record(KvEvent::Kind::kStored, key, b, origin, position);
+  Record(KvEvent::Kind::kStored, key, b, from);
   return true;
 }
 

@@ -26,8 +26,19 @@ ManagerConfig Config() {
   return c;
 }
 
+// The state group's block_tokens is the manager's alignment (4): a checkpoint's parent distance.
 const std::vector<KvEventGroup> kGroups = {
-    {"full_attention", 4, std::nullopt}, {"sliding_window", 4, 6}, {"mamba", 0, std::nullopt}};
+    {"full_attention", 4, std::nullopt}, {"sliding_window", 4, 6}, {"mamba", 4, std::nullopt}};
+
+BlockHash HashOf(const msgpack::object& bin) {
+  EXPECT_EQ(bin.type, msgpack::type::BIN);
+  BlockHash h;
+  for (int i = 0; i < 8; ++i) {
+    h.hi = (h.hi << 8) | static_cast<unsigned char>(bin.via.bin.ptr[i]);
+    h.lo = (h.lo << 8) | static_cast<unsigned char>(bin.via.bin.ptr[8 + i]);
+  }
+  return h;
+}
 
 std::map<std::string, msgpack::object> Fields(const msgpack::object& o) {
   EXPECT_EQ(o.type, msgpack::type::MAP);
@@ -75,12 +86,20 @@ TEST(KvEventTest, ABatchIsVllmsLayoutWithTheBlocksTokensAndGroups) {
   EXPECT_EQ(batch.via.array.ptr[2].as<int>(), 3);
   const msgpack::object& list = batch.via.array.ptr[1];
   int full_blocks = 0, window_blocks = 0, checkpoints = 0;
+  // Full attention's chain: the digest at the end of each of its blocks, in order.
+  std::vector<BlockHash> chain;
+  for (uint32_t i = 0; i < list.via.array.size; ++i) {
+    auto f = Fields(list.via.array.ptr[i]);
+    if (f["group_idx"].as<int>() != 0) continue;
+    for (uint32_t k = 0; k < f["block_hashes"].via.array.size; ++k)
+      chain.push_back(HashOf(f["block_hashes"].via.array.ptr[k]));
+  }
+  ASSERT_EQ(chain.size(), 5u);
   for (uint32_t i = 0; i < list.via.array.size; ++i) {
     auto f = Fields(list.via.array.ptr[i]);
     ASSERT_EQ(f["type"].as<std::string>(), "BlockStored");
     EXPECT_EQ(f["medium"].as<std::string>(), "GPU");
-    EXPECT_TRUE(f["parent_block_hash"].is_nil());
-    EXPECT_TRUE(f["lora_id"].is_nil());
+    EXPECT_TRUE(f["lora_id"].is_nil());  // the base model
     EXPECT_TRUE(f["lora_name"].is_nil());
     const int group = f["group_idx"].as<int>();
     const auto hashes = f["block_hashes"].via.array;
@@ -90,14 +109,28 @@ TEST(KvEventTest, ABatchIsVllmsLayoutWithTheBlocksTokensAndGroups) {
       EXPECT_EQ(hashes.ptr[k].via.bin.size, 16u);
     }
     if (group == 2) {
+      // A checkpoint at p: its parent is the digest at p - 4 (the full-attention block ending
+      // there) and it carries those 4 tokens; the first one, at 4, has none and tokens [0, 4).
       ++checkpoints;
       EXPECT_EQ(f["kv_cache_spec_kind"].as<std::string>(), "mamba");
       const int size = f["block_size"].as<int>();
-      EXPECT_EQ(ids, std::vector<int32_t>(prompt.begin(), prompt.begin() + size));
+      const BlockHash self = HashOf(hashes.ptr[0]);
+      const auto at = std::find(chain.begin(), chain.end(), self);
+      ASSERT_NE(at, chain.end()) << "a checkpoint at a block boundary has that block's digest";
+      const int p = 4 * static_cast<int>(at - chain.begin() + 1);
+      EXPECT_EQ(size, 4);
+      EXPECT_EQ(ids, std::vector<int32_t>(prompt.begin() + (p - 4), prompt.begin() + p));
+      if (p == 4) {
+        EXPECT_TRUE(f["parent_block_hash"].is_nil());
+      } else {
+        EXPECT_EQ(HashOf(f["parent_block_hash"]), chain[static_cast<size_t>(p / 4 - 2)]);
+      }
       continue;
     }
+    // One event per run of blocks: the prompt's 5 full blocks, in order, with their tokens; the
+    // run starts the sequence, so it has no parent.
+    EXPECT_TRUE(f["parent_block_hash"].is_nil());
     EXPECT_EQ(f["block_size"].as<int>(), 4);
-    // One event per run of blocks: the prompt's 5 full blocks, in order, with their tokens.
     EXPECT_EQ(ids, std::vector<int32_t>(prompt.begin(), prompt.begin() + 4 * hashes.size));
     if (group == 0) {
       full_blocks += static_cast<int>(hashes.size);
@@ -174,15 +207,59 @@ TEST(KvEventTest, TheManagerNamesAFreedRequestsTokensForTheEventsOfItsFree) {
   ASSERT_NE(final_state, at_free.end());
   ASSERT_EQ(m.Tokens(42).value().size(), 24u);
   EXPECT_EQ(m.Tokens(42).value()[23], 602);
-  // Encoded from the manager's record, the checkpoint carries its whole prefix.
+  // Encoded from the manager's record: the checkpoint's last 4 tokens, after its parent at 20.
+  ASSERT_TRUE(final_state->parent.has_value());
   const std::vector<unsigned char> payload =
       EncodeKvEventBatch({&*final_state, 1}, kGroups, TokensOf(m), KvEventEncoding{}, 1.0).value();
   const msgpack::object_handle h =
       msgpack::unpack(reinterpret_cast<const char*>(payload.data()), payload.size());
   auto f = Fields(h.get().via.array.ptr[1].via.array.ptr[0]);
-  EXPECT_EQ(f["token_ids"].as<std::vector<int32_t>>().size(), 24u);
+  EXPECT_EQ(f["token_ids"].as<std::vector<int32_t>>(),
+            (std::vector<int32_t>{504 + 16, 600, 601, 602}));
+  EXPECT_EQ(f["block_size"].as<int>(), 4);
   m.TakeEvents();
   EXPECT_EQ(m.Tokens(42).status().code(), StatusCode::kNotFound);
+}
+
+// A request of an adapter: every event of its blocks names it as lora_id; a later run of blocks
+// names the block before it as parent.
+TEST(KvEventTest, AdaptersAndLaterRunsAreNamed) {
+  KvCacheManager m = KvCacheManager::Create(Config()).value();
+  std::vector<int32_t> prompt(8);
+  for (int32_t i = 0; i < 8; ++i)
+    prompt[static_cast<size_t>(i)] = 700 + i;
+  RequestSpec spec;
+  spec.id = 5;
+  spec.prompt = prompt;
+  spec.adapter_id = 7;
+  ASSERT_TRUE(m.AddRequest(spec).ok());
+  ASSERT_TRUE(m.Allocate(5, 8).ok());
+  ASSERT_TRUE(m.Commit(5, 8).ok());
+  const std::vector<ManagerEvent> first = m.TakeEvents();
+  ASSERT_TRUE(m.AppendTokens(5, std::vector<int32_t>{800, 801, 802, 803}).ok());
+  ASSERT_TRUE(m.Allocate(5, 4).ok());
+  ASSERT_TRUE(m.Commit(5, 12).ok());
+  const std::vector<ManagerEvent> second = m.TakeEvents();
+  BlockHash second_block_of_first{};
+  for (const ManagerEvent& e : first) {
+    if (e.group == 0 && e.position == 4) second_block_of_first = e.hash;
+  }
+  const std::vector<unsigned char> payload =
+      EncodeKvEventBatch(second, kGroups, TokensOf(m), KvEventEncoding{}, 1.0).value();
+  const msgpack::object_handle h =
+      msgpack::unpack(reinterpret_cast<const char*>(payload.data()), payload.size());
+  const msgpack::object& list = h.get().via.array.ptr[1];
+  bool saw_full = false;
+  for (uint32_t i = 0; i < list.via.array.size; ++i) {
+    auto f = Fields(list.via.array.ptr[i]);
+    EXPECT_EQ(f["lora_id"].as<int>(), 7);
+    if (f["group_idx"].as<int>() != 0) continue;
+    saw_full = true;
+    EXPECT_EQ(HashOf(f["parent_block_hash"]), second_block_of_first);
+    EXPECT_EQ(f["token_ids"].as<std::vector<int32_t>>(),
+              (std::vector<int32_t>{800, 801, 802, 803}));
+  }
+  EXPECT_TRUE(saw_full);
 }
 
 TEST(KvEventTest, SubscribersGetNumberedBatchesAndCanReplayWhatTheyMissed) {

@@ -1,13 +1,16 @@
 // TierConnector: what one manager publishes reaches the tiers byte for byte, and another manager
 // over other memory loads it back in the background into the blocks its hit asked for.
+#include <filesystem>
 #include <string>
 
 #include <gtest/gtest.h>
 
+#include <hkv/connector/disk_tier.h>
 #include <hkv/connector/host_tier.h>
 #include <hkv/connector/tier_connector.h>
 
 #include "connector_test_util.h"
+#include "tier_test_util.h"
 
 namespace hkv::testing {
 namespace {
@@ -100,6 +103,52 @@ TEST(TierConnectorTest, PublishedBlocksTravelThroughTheTierIntoTheHitsBlocks) {
     ASSERT_TRUE(b.manager.FinishLoad(1, true).ok());
     ASSERT_TRUE(b.manager.Commit(1, 100).ok());
     EXPECT_TRUE(b.manager.CheckInvariants().ok());
+  }
+}
+
+// Tier events: every block a Store put, under each tier's medium, as the manager reported it; and
+// every entry a tier evicted to make room, as a removal. Nothing twice, nothing held back.
+TEST(TierConnectorTest, TiersReportWhatTheyStoredAndDropped) {
+  const ModelSpec model = Gemma2Like();
+  HostTier big(int64_t{64} << 20);
+  testing::ScopedTempDir tmp;
+  DiskTierOptions d;
+  d.capacity_bytes = int64_t{64} << 20;
+  d.model = testing::TestModel();
+  DiskTier disk = DiskTier::Open(tmp.path(), d).value();
+  Side a(model, 1, {&big, &disk});
+  const std::vector<int32_t> prompt = Prompt(100);
+  a.Add(1, prompt);
+  ASSERT_TRUE(a.manager.Allocate(1, 100).ok());
+  ASSERT_TRUE(a.manager.Commit(1, 100).ok());
+  const std::vector<ManagerEvent> events = a.manager.TakeEvents();
+  ASSERT_TRUE(a.connector->Store(events).ok());
+  std::vector<TierEvent> got;
+  a.connector->TakeEvents(got);
+  int64_t stored = 0;
+  for (const ManagerEvent& e : events)
+    stored += e.kind == KvEvent::Kind::kStored ? 1 : 0;
+  ASSERT_EQ(static_cast<int64_t>(got.size()), 2 * stored);  // each block into both tiers
+  for (const TierEvent& t : got) {
+    EXPECT_TRUE(t.medium == "CPU" || t.medium == "DISK") << t.medium;
+    EXPECT_EQ(t.event.kind, KvEvent::Kind::kStored);
+    EXPECT_EQ(t.event.request, 1u);
+  }
+  got.clear();
+  a.connector->TakeEvents(got);
+  EXPECT_TRUE(got.empty());
+  // A disk entry evicted by hand, one found damaged by a Get: two DISK removals.
+  const std::vector<PrefixKey> held = disk.LruOrder();
+  ASSERT_GE(held.size(), 2u);
+  ASSERT_TRUE(disk.Evict(held[0]).ok());
+  std::filesystem::resize_file(disk.PathOf(held[1]), 10);
+  EXPECT_FALSE(disk.Get(held[1]).ok());
+  a.connector->TakeEvents(got);
+  ASSERT_EQ(got.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(got[i].medium, "DISK");
+    EXPECT_EQ(got[i].event.kind, KvEvent::Kind::kRemoved);
+    EXPECT_EQ((PrefixKey{got[i].event.hash, got[i].event.group}), held[i]);
   }
 }
 

@@ -20,6 +20,10 @@ REMOVED_REQUIRED = {"type", "block_hashes", "medium"}
 REMOVED_OPTIONAL = {"group_idx", "remaining_copy_counts"}
 KINDS = {"full_attention", "mla_attention", "sliding_window", "sliding_window_mla",
          "chunked_local_attention", "mamba", "cross_attention"}
+MEDIA = {"GPU", "CPU", "DISK", "REMOTE"}
+# A checkpoint event carries the tokens since its parent: at most the manager's alignment, which
+# is at most this many tokens for every bundled model.
+MAX_STATE_TOKENS = 4096
 
 
 def fail(message):
@@ -44,10 +48,16 @@ def check_event(event, cached, counts):
         hashes = event["block_hashes"]
         if not hashes or not all(isinstance(h, bytes) and len(h) == 16 for h in hashes):
             fail(f"block hashes {hashes!r}")
-        if event["parent_block_hash"] is not None or event["lora_id"] is not None:
-            fail("parent/lora")
-        if event["medium"] != "GPU":
-            fail(f"medium {event['medium']!r}")
+        parent = event["parent_block_hash"]
+        if parent is not None and not (isinstance(parent, bytes) and len(parent) == 16):
+            fail(f"parent {parent!r}")
+        counts["with_parent"] += parent is not None
+        if event["lora_id"] is not None or event["lora_name"] is not None:
+            fail("lora of a base-model request")
+        medium = event["medium"]
+        if medium not in MEDIA:
+            fail(f"medium {medium!r}")
+        counts["media"][medium] = counts["media"].get(medium, 0) + len(hashes)
         group = event["group_idx"]
         spec = event["kv_cache_spec_kind"]
         if spec not in KINDS:
@@ -59,23 +69,26 @@ def check_event(event, cached, counts):
             fail("token ids")
         size = event["block_size"]
         if spec == "mamba":
-            if len(hashes) != 1 or len(tokens) != size or size <= 0:
+            if len(hashes) != 1 or len(tokens) != size or size <= 0 or size > MAX_STATE_TOKENS:
                 fail(f"checkpoint of {size} tokens with {len(tokens)} token ids")
         elif spec != "cross_attention" and tokens and len(tokens) != size * len(hashes):
             fail(f"{len(tokens)} token ids for {len(hashes)} blocks of {size}")
         for h in hashes:
-            cached.add((group, h))
+            cached.add((medium, group, h))
         counts["stored"] += len(hashes)
         counts["stored_with_tokens"] += len(hashes) if tokens else 0
         counts["kinds"].add(spec)
     elif kind == "BlockRemoved":
         if not REMOVED_REQUIRED <= keys <= REMOVED_REQUIRED | REMOVED_OPTIONAL:
             fail(f"BlockRemoved fields {sorted(keys)}")
+        if event["medium"] not in MEDIA:
+            fail(f"medium {event['medium']!r}")
         for h in event["block_hashes"]:
-            # A router's index: every removal names a block it was told about.
-            if (event["group_idx"], h) not in cached:
-                fail(f"removal of a block never stored (group {event['group_idx']})")
-            cached.discard((event["group_idx"], h))
+            # A router's index: every removal names a block it was told about, on that medium.
+            key = (event["medium"], event["group_idx"], h)
+            if key not in cached:
+                fail(f"removal of a block never stored ({key[0]}, group {key[1]})")
+            cached.discard(key)
         counts["removed"] += len(event["block_hashes"])
     elif kind == "AllBlocksCleared":
         if keys != {"type"}:
@@ -87,17 +100,20 @@ def check_event(event, cached, counts):
 
 def main():
     hkv, model = sys.argv[1], sys.argv[2]
+    offload = sys.argv[3:4]
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     ctx = zmq.Context()
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.SUBSCRIBE, b"kv-events")
+    extra = ["--offload", offload[0], "--restarts", "1"] if offload else []
     proc = subprocess.Popen([hkv, "verify", model, "--requests", "12", "--json",
-                             "--kv-events", endpoint, "--kv-events-wait-ms", "30000"],
+                             "--kv-events", endpoint, "--kv-events-wait-ms", "30000"] + extra,
                             stdout=subprocess.PIPE, text=True)
     sub.connect(endpoint)
     expected_seq = 0
     cached = set()
-    counts = {"stored": 0, "removed": 0, "stored_with_tokens": 0, "kinds": set()}
+    counts = {"stored": 0, "removed": 0, "stored_with_tokens": 0, "with_parent": 0,
+              "kinds": set(), "media": {}}
     quiet_since = None
     while True:
         if sub.poll(200):
@@ -131,9 +147,14 @@ def main():
              f"published, {expected_seq} received")
     if counts["stored"] == 0 or counts["removed"] == 0 or counts["stored_with_tokens"] == 0:
         fail(f"counts {counts}")
+    if counts["with_parent"] == 0:
+        fail("no stored event named its parent")
+    tier_media = set(counts["media"]) - {"GPU"}
+    if bool(offload) != bool(tier_media):
+        fail(f"media {counts['media']} with offload {offload}")
     print(f"kv_event_subscriber: OK: {expected_seq} batches, {counts['stored']} blocks stored "
-          f"({counts['stored_with_tokens']} with tokens), {counts['removed']} removed, "
-          f"kinds {sorted(counts['kinds'])}")
+          f"({counts['stored_with_tokens']} with tokens, {counts['with_parent']} with a parent), "
+          f"{counts['removed']} removed, kinds {sorted(counts['kinds'])}, media {counts['media']}")
 
 
 if __name__ == "__main__":

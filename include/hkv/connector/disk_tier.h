@@ -85,6 +85,7 @@ class DiskTier final : public IndexedTier {
   Status Put(const PrefixKey& key, std::span<const unsigned char> bytes) override;
   Result<std::vector<unsigned char>> Get(const PrefixKey& key) override;
   Status Evict(const PrefixKey& key) override;
+  std::string_view medium() const override { return "DISK"; }
 
   // The model's directory, dir/<model hex>.
   const std::filesystem::path& dir() const { return dir_; }

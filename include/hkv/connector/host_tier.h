@@ -16,6 +16,7 @@ class HostTier final : public IndexedTier {
   Status Put(const PrefixKey& key, std::span<const unsigned char> bytes) override;
   Result<std::vector<unsigned char>> Get(const PrefixKey& key) override;
   Status Evict(const PrefixKey& key) override;
+  std::string_view medium() const override { return "CPU"; }
 
  private:
   std::unordered_map<PrefixKey, std::vector<unsigned char>, PrefixKeyHash> bytes_;

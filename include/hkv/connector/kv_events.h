@@ -11,13 +11,19 @@
 //   as msgspec's omit_defaults does; the others are always there (nil when unknown).
 // - Block hashes are the 16 bytes of the 128-bit prefix digest, big-endian (vLLM allows bytes or
 //   int; a 128-bit digest does not fit msgpack's 64-bit ints). They are namespaced per group, so
-//   group_idx says which group's block it is; parent_block_hash is nil (the manager's events do
-//   not carry it; consecutive blocks of one request are sent in one event, in order).
+//   group_idx says which group's block it is. parent_block_hash is the digest before a run's
+//   first block - the previous block of the group's chain - and nil for a sequence's first block;
+//   lora_id is the request's adapter (nil for the base model); lora_name is nil.
 // - Consecutive stored events of one request and group at consecutive positions become one
 //   BlockStored; consecutive removals of one group one BlockRemoved. token_ids of a KV group are
-//   the tokens the blocks hold (block_size = the group's block tokens); a recurrent checkpoint
-//   stands for its whole prefix, so token_ids are tokens [0, position) and block_size = position.
+//   the tokens the blocks hold (block_size = the group's block tokens). A recurrent checkpoint
+//   stands for its whole prefix, but its event is bounded: its parent is the digest
+//   KvEventGroup::block_tokens (the manager's alignment) tokens earlier, and token_ids are only
+//   those tokens (block_size = their count); the first checkpoint has no parent and the tokens
+//   from the start. A router that follows parents recovers every prefix.
 //   Tokens come from a RequestTokens (the manager's: TokensOf); when unknown, an empty list.
+// - `medium` is the encoding's ("GPU" for the engine's cache); tiers publish their own stores and
+//   removals under theirs (Tier::medium: "CPU", "DISK", "REMOTE").
 // - The publisher binds a ZeroMQ XPUB socket (SUB peers connect as to vLLM's PUB) and sends each
 //   batch as [topic, sequence (int64 big-endian, from 0, +1 per batch), payload]. With a replay
 //   endpoint it binds a ROUTER socket too, served by a thread: a request [sequence] (from a DEALER
@@ -47,7 +53,7 @@ namespace hkv {
 // window.
 struct KvEventGroup {
   std::string kind;
-  int32_t block_tokens = 0;
+  int32_t block_tokens = 0;  // a state group: the manager's alignment (align_tokens)
   std::optional<int64_t> sliding_window;
 };
 std::vector<KvEventGroup> KvEventGroupsOf(const Plan& plan);
@@ -93,6 +99,9 @@ class KvEventPublisher {
   // Sends the events as one batch (nothing for none). A send failure is kIoError; the sequence
   // number is used either way, so subscribers see the gap and can ask for a replay.
   Status Publish(std::span<const ManagerEvent> events, const RequestTokens& tokens);
+  // The same under another medium (a tier's: TierEvent::medium).
+  Status Publish(std::span<const ManagerEvent> events, const RequestTokens& tokens,
+                 std::string_view medium);
   // Waits until some subscriber has subscribed (XPUB sees the subscription), at most timeout_ms.
   bool WaitForSubscriber(int timeout_ms);
 

@@ -93,6 +93,15 @@ class RemoteTier final : public Tier {
   int64_t capacity_bytes() const override { return index_.capacity_bytes(); }
   int64_t used_bytes() const override { return index_.used_bytes(); }
   std::vector<PrefixKey> LruOrder() const override { return index_.LruOrder(); }
+  std::string_view medium() const override { return "REMOTE"; }
+  // What left the server by this tier's hand or to its knowledge: entries it deleted (kTier
+  // evictions, damaged and forged values) and its entries a Get found gone. Under kServer, a
+  // budget eviction only forgets and is not a removal.
+  void TrackDropped(bool on) override { track_ = on; }
+  void TakeDropped(std::vector<PrefixKey>& out) override {
+    out.insert(out.end(), dropped_.begin(), dropped_.end());
+    dropped_.clear();
+  }
 
   // The server key of `key`.
   std::string ServerKey(const PrefixKey& key) const;
@@ -141,6 +150,11 @@ class RemoteTier final : public Tier {
   mutable std::chrono::steady_clock::time_point retry_at_{};
   std::vector<unsigned char> sign_key_;  // derived from the secret; empty without one
   std::vector<unsigned char> value_;     // Put's scratch
+  bool track_ = false;
+  std::vector<PrefixKey> dropped_;
+  void Dropped(const PrefixKey& key) {
+    if (track_) dropped_.push_back(key);
+  }
   mutable int64_t hits_ = 0, misses_ = 0, corruptions_ = 0, forgeries_ = 0, server_errors_ = 0,
                   reconnects_ = 0, round_trips_ = 0;
 };

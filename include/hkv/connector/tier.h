@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include <hkv/common/result.h>
@@ -49,6 +50,13 @@ class Tier {
   virtual Status Unpin(const PrefixKey& key) = 0;
   // Removes an unpinned entry; NotFound if absent, FailedPrecondition if pinned.
   virtual Status Evict(const PrefixKey& key) = 0;
+
+  // The medium KV events name for this tier's stores and removals ("CPU", "DISK", "REMOTE").
+  virtual std::string_view medium() const { return "TIER"; }
+  // With tracking on, the keys whose entries left the tier (evicted, found damaged, gone from a
+  // server) are kept until TakeDropped appends them to `out`, oldest first.
+  virtual void TrackDropped(bool) {}
+  virtual void TakeDropped(std::vector<PrefixKey>&) {}
 
   virtual int64_t capacity_bytes() const = 0;
   virtual int64_t used_bytes() const = 0;

@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include <hkv/common/result.h>
@@ -40,6 +41,13 @@
 #include <hkv/manager/kv_cache_manager.h>
 
 namespace hkv {
+
+// A tier's store or removal, for KV events: `event` as the manager reported the block (stored) or
+// naming the key (removed), under the tier's medium.
+struct TierEvent {
+  std::string_view medium;
+  ManagerEvent event;
+};
 
 struct TierConnectorStats {
   int64_t blocks_stored = 0;   // blocks exported and put into at least one tier
@@ -79,6 +87,9 @@ class TierConnector final : public ExternalBlocks {
   bool HasJob(RequestId id) const;
 
   TierConnectorStats stats() const;
+  // Appends what the tiers stored (each block a Store put, per tier) and dropped (evictions,
+  // damage found, entries gone) since the last call, and forgets them.
+  void TakeEvents(std::vector<TierEvent>& out);
   // Why the last failed job failed (empty if none did): the tier's or the check's message.
   std::string last_failure() const;
 

@@ -42,8 +42,13 @@ class TierIndex {
   Result<std::vector<PrefixKey>> Victims(const PrefixKey& key, int64_t bytes) const;
   // Adds a key not held, as the most recently used.
   void Insert(const PrefixKey& key, int64_t bytes);
-  // Removes a held key, pinned or not.
+  // Removes a held key, pinned or not (and notes it when tracking).
   void Erase(const PrefixKey& key);
+  void TrackDropped(bool on) { track_ = on; }
+  void TakeDropped(std::vector<PrefixKey>& out) {
+    out.insert(out.end(), dropped_.begin(), dropped_.end());
+    dropped_.clear();
+  }
 
   Status Pin(const PrefixKey& key);
   Status Unpin(const PrefixKey& key);
@@ -64,6 +69,8 @@ class TierIndex {
   int64_t used_ = 0;
   std::unordered_map<PrefixKey, Entry, PrefixKeyHash> entries_;
   std::list<PrefixKey> lru_;  // least recently used first
+  bool track_ = false;
+  std::vector<PrefixKey> dropped_;
 };
 
 // What a tier built on a TierIndex answers from the index alone; the tier adds where the bytes
@@ -76,6 +83,8 @@ class IndexedTier : public Tier {
   int64_t capacity_bytes() const final { return index_.capacity_bytes(); }
   int64_t used_bytes() const final { return index_.used_bytes(); }
   std::vector<PrefixKey> LruOrder() const final { return index_.LruOrder(); }
+  void TrackDropped(bool on) final { index_.TrackDropped(on); }
+  void TakeDropped(std::vector<PrefixKey>& out) final { index_.TakeDropped(out); }
 
  protected:
   IndexedTier(std::string tier_name, int64_t capacity_bytes)

@@ -30,6 +30,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -53,6 +54,11 @@ struct ManagerEvent {
   // prefix); 0 and -1 for encoder blocks and identities that moved with a compacted page.
   RequestId request = 0;
   int64_t position = -1;
+  // Stored events of a request: the prefix digest before the block (the previous block of the
+  // group's chain; a checkpoint's: `align` tokens earlier), none for a first block; and the
+  // request's adapter (0: the base model).
+  std::optional<BlockHash> parent = std::nullopt;
+  uint64_t adapter = 0;
 };
 
 struct PoolUsage {

@@ -70,7 +70,10 @@ class BlockPool {
   Status Reacquire(int32_t block);
   // Gives a held block its prefix identity. If another block already has the key the index is
   // left as it is and the call succeeds: the caller's copy stays private.
-  Status Publish(int32_t block, const PrefixKey& key, uint64_t origin = 0, int64_t position = -1);
+  Status Publish(int32_t block, const PrefixKey& key, const PublishOrigin& from = {});
+  Status Publish(int32_t block, const PrefixKey& key, uint64_t origin, int64_t position = -1) {
+    return Publish(block, key, PublishOrigin{origin, position, std::nullopt, 0});
+  }
   // Drops one reference per listed block (a block may be listed as often as it is referenced).
   // Blocks that become free are queued for eviction in the order listed, at the tail or, with
   // Retention::kLow, at the head of the free list.
@@ -170,8 +173,8 @@ class BlockPool {
   void Prepend(int32_t block);
   void InsertAfterHeadRun(int32_t block);  // tick 0, after the blocks queued at the head
   void DropIdentity(int32_t block);
-  void Record(KvEvent::Kind kind, const PrefixKey& key, int32_t block, uint64_t origin = 0,
-              int64_t position = -1);
+  void Record(KvEvent::Kind kind, const PrefixKey& key, int32_t block,
+              const PublishOrigin& from = {});
   // Reference transitions 0 -> 1 and 1 -> 0, and identity changes, as seen by the segments.
   void Held(int32_t block);
   void Released(int32_t block);
@@ -188,7 +191,7 @@ class BlockPool {
   // Gives a block a prefix identity (stored event), probing the index once; when another block
   // holds the identity already, changes nothing.
   // false: another block holds key
-  bool Store(int32_t block, const PrefixKey& key, uint64_t origin = 0, int64_t position = -1);
+  bool Store(int32_t block, const PrefixKey& key, const PublishOrigin& from = {});
   // CheckInvariants' parts, in the order it checks; CountBlocks tallies the blocks per segment
   // and in all for the checks after it.
   struct InvariantCounts {

@@ -6,21 +6,30 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include <hkv/pool/block_hash.h>
 
 namespace hkv {
 
+// Who published a block, as a stored event reports it: for the manager, a request, the position
+// the block starts at (a checkpoint: its position), the digest of the prefix before it (the
+// previous block's key in the same group's chain; none for a first block) and the request's
+// adapter (0: the base model). The defaults: an identity that moved with its page (compaction) or
+// a publisher that gave none.
+struct PublishOrigin {
+  uint64_t origin = 0;
+  int64_t position = -1;
+  std::optional<BlockHash> parent = std::nullopt;
+  uint64_t adapter = 0;
+};
+
 struct KvEvent {
   enum class Kind : unsigned char { kStored, kRemoved, kCleared };
   Kind kind = Kind::kStored;
-  PrefixKey key;      // unused for kCleared
-  int32_t block = 0;  // unused for kCleared
-  // Stored events: who published the block (Publish's origin and position: for the manager, a
-  // request and the position the block starts at, or a checkpoint's position); 0 and -1 for an
-  // identity that moved with its page (compaction) or a publisher that gave none.
-  uint64_t origin = 0;
-  int64_t position = -1;
+  PrefixKey key;            // unused for kCleared
+  int32_t block = 0;        // unused for kCleared
+  PublishOrigin from = {};  // stored events only
 };
 
 }  // namespace hkv
