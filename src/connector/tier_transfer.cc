@@ -9,21 +9,22 @@
 
 #include <hkv/connector/tier_transfer.h>
 
-#include "checked_format.h"
+#include "transfer_format.h"
 
 namespace hkv {
 namespace {
 
+using connector_format::EntryHeader;
 using connector_format::Get32;
 using connector_format::Get64;
 using connector_format::HeaderSeed;
+using connector_format::kEntryBytes;
 using connector_format::Put32;
 using connector_format::Put64;
 
 constexpr uint32_t kMagic = 0x544b4846;  // "FHKT"
 constexpr uint32_t kVersion = 1;
 constexpr size_t kHeaderBytes = 24;  // magic, version, count, checksum of the 16 before
-constexpr size_t kEntryBytes = 40;   // hi, lo, group, reserved, length, checksum of the 32 before
 
 }  // namespace
 
@@ -44,12 +45,7 @@ Result<std::vector<unsigned char>> SerializeTierEntries(Tier& tier) {
   Put64(p + 16, HeaderSeed({p, 16}));
   p += kHeaderBytes;
   for (size_t i = 0; i < keys.size(); ++i) {
-    Put64(p, keys[i].hash.hi);
-    Put64(p + 8, keys[i].hash.lo);
-    Put32(p + 16, static_cast<uint32_t>(keys[i].group));
-    Put32(p + 20, 0);
-    Put64(p + 24, entries[i].size());
-    Put64(p + 32, HeaderSeed({p, 32}));
+    connector_format::PutEntryHeader(p, {keys[i], 0, entries[i].size()});
     p += kEntryBytes;
     if (!entries[i].empty()) std::memcpy(p, entries[i].data(), entries[i].size());
     p += entries[i].size();
@@ -84,16 +80,13 @@ Result<int64_t> DeserializeTierEntries(std::span<const unsigned char> message, T
       return Status::IoError(fmt::format(
           "tier transfer: message truncated: {} of {} entries arrived whole", taken, count));
     }
-    const unsigned char* e = message.data() + at;
-    if (Get64(e + 32) != HeaderSeed({e, 32})) {
+    EntryHeader h;
+    if (!connector_format::ReadEntryHeader(message.data() + at, h)) {
       return Status::InvalidArgument(fmt::format(
           "tier transfer: header of entry {} damaged; {} entries before it kept", i, taken));
     }
-    PrefixKey key;
-    key.hash.hi = Get64(e);
-    key.hash.lo = Get64(e + 8);
-    key.group = static_cast<int32_t>(Get32(e + 16));
-    const uint64_t length = Get64(e + 24);
+    const PrefixKey key = h.key;
+    const uint64_t length = h.length;
     at += kEntryBytes;
     if (message.size() - at < length) {
       return Status::IoError(fmt::format(

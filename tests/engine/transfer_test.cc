@@ -2,7 +2,10 @@
 // engine, ships the blocks and recurrent checkpoints it published over a Unix socket, and this
 // process - another engine, another memory - loads them and continues generating. The sequence
 // equals the dense reference; a truncated or damaged transfer costs a recomputation, never a wrong
-// output.
+// output. Streamed (tier_stream.h), the blocks leave as the prefill engine publishes them and the
+// decode engine serves from them before prefill has ended.
+#include <chrono>
+#include <csignal>
 #include <string>
 #include <thread>
 #include <utility>
@@ -14,6 +17,7 @@
 
 #include <hkv/connector/host_tier.h>
 #include <hkv/connector/remote_tier.h>
+#include <hkv/connector/tier_stream.h>
 #include <hkv/connector/tier_transfer.h>
 #include <hkv/engine/engine.h>
 #include <hkv/engine/tiny_model.h>
@@ -60,14 +64,14 @@ std::vector<int32_t> Prompt(int32_t vocab) {
 }
 
 Result<Sequence> Serve(const Model& s, Tier& tier, bool store, int32_t new_tokens,
-                       EngineCounters* counters) {
+                       EngineCounters* counters, std::vector<int32_t> prompt = {}) {
   EngineOptions eo;
   eo.poison_free_blocks = true;
   eo.offload = OffloadOptions{{&tier}, store, !store};
   HKV_ASSIGN_OR_RETURN(auto engine, Engine::Create(s.spec, s.weights, s.plan, s.config, eo));
   GenerationRequest g;
   g.id = 1;
-  g.prompt = Prompt(s.weights.vocab);
+  g.prompt = prompt.empty() ? Prompt(s.weights.vocab) : std::move(prompt);
   g.max_new_tokens = new_tokens;
   HKV_RETURN_IF_ERROR(engine->Submit(g));
   for (int step = 0; !engine->idle(); ++step) {
@@ -202,6 +206,114 @@ TEST_P(PrefillDecode, EngineProcessesSharePrefixesThroughARedisServer) {
   EXPECT_GE(c.external_hit_tokens, kPrompt - 1 - 2 * s.config.align_tokens());
   EXPECT_GT(remote->hits(), 0);
   EXPECT_TRUE(remote->LruOrder().empty());  // it stored nothing: every entry was the other's
+}
+
+// Streaming: the prefill process sends each block as its engine publishes it. It computes prompt
+// A, reports how many entries it sent, and waits; this process's decode engine loads A's blocks
+// and finishes A while the stream is still open (prefill has not ended), then lets prefill go on
+// to prompt B and reads the rest. Both sequences equal the dense reference and load from the
+// stream. A prefill process killed before B leaves a stream cut short: A's entries are kept, the
+// receiver says why, and B recomputes exactly.
+TEST_P(PrefillDecode, StreamedBlocksServeDecodeBeforePrefillEnds) {
+  const Model s = MakeModel(GetParam()).value();
+  std::vector<int32_t> prompt_b = Prompt(s.weights.vocab);
+  for (int32_t& t : prompt_b)
+    t = (t + 5) % s.weights.vocab;
+  for (const bool killed : {false, true}) {
+    SCOPED_TRACE(killed ? "prefill killed after A" : "whole stream");
+    int sv[2], control[2], report[2];
+    ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    ASSERT_EQ(pipe(control), 0);
+    ASSERT_EQ(pipe(report), 0);
+    const pid_t child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      close(sv[0]);
+      close(control[1]);
+      close(report[0]);
+      auto sender = TierStreamSender::Open(sv[1]);
+      if (!sender.ok()) _exit(2);
+      if (!Serve(s, **sender, /*store=*/true, 1, nullptr).ok()) _exit(3);
+      const int64_t sent = (*sender)->entries_sent();
+      if (write(report[1], &sent, sizeof sent) != sizeof sent) _exit(4);
+      char go = 0;
+      if (read(control[0], &go, 1) != 1 || go != 'B') _exit(5);
+      if (!Serve(s, **sender, /*store=*/true, 1, nullptr, prompt_b).ok()) _exit(6);
+      _exit((*sender)->Finish().ok() ? 0 : 7);
+    }
+    close(sv[1]);
+    close(control[0]);
+    close(report[1]);
+    auto receiver = TierStreamReceiver::Start(sv[0], int64_t{64} << 20, int64_t{16} << 20).value();
+    int64_t sent_for_a = 0;
+    ASSERT_EQ(read(report[0], &sent_for_a, sizeof sent_for_a),
+              static_cast<ssize_t>(sizeof sent_for_a));
+    ASSERT_GT(sent_for_a, 0);
+    while (receiver->entries_received() < sent_for_a)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+
+    EngineCounters c;
+    const Sequence a = Serve(s, *receiver, /*store=*/false, 8, &c).value();
+    EXPECT_TRUE(receiver->running());  // decode finished A before prefill ended
+    EXPECT_EQ(CheckAgainstDense(s.spec, s.weights, a).mismatches, 0);
+    EXPECT_EQ(c.loads_completed, 1);
+    EXPECT_GE(c.external_hit_tokens, kPrompt - 1 - 2 * s.config.align_tokens());
+
+    if (killed) {
+      kill(child, SIGKILL);
+    } else {
+      ASSERT_EQ(write(control[1], "B", 1), 1);
+    }
+    const Status end = receiver->Wait();
+    int status = 0;
+    EXPECT_EQ(waitpid(child, &status, 0), child);
+    if (killed) {
+      EXPECT_EQ(end.code(), StatusCode::kIoError) << end.ToString();
+      EXPECT_NE(end.message().find("cut short"), std::string::npos) << end.message();
+      EXPECT_EQ(receiver->entries_received(), sent_for_a);
+    } else {
+      EXPECT_TRUE(end.ok()) << end.ToString();
+      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+      EXPECT_GT(receiver->entries_received(), sent_for_a);
+    }
+    const Sequence b = Serve(s, *receiver, /*store=*/false, 8, &c, prompt_b).value();
+    EXPECT_EQ(CheckAgainstDense(s.spec, s.weights, b).mismatches, 0);
+    EXPECT_EQ(c.loads_completed, killed ? 0 : 1);
+    close(sv[0]);
+    close(control[1]);
+    close(report[0]);
+  }
+}
+
+// A stream that is not one, or whose entry is larger than the receiver allows, stops it with the
+// reason; nothing of the oversized entry is read.
+TEST(TierStream, DamagedOrOversizedStreamsAreRefusedByName) {
+  for (const int which : {0, 1}) {
+    int sv[2];
+    ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    auto receiver = TierStreamReceiver::Start(sv[0], 1 << 20, 100).value();
+    if (which == 0) {
+      ASSERT_TRUE(SendAll(sv[1], std::vector<unsigned char>(24, 0x33)).ok());
+      const Status s = receiver->Wait();
+      EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+      EXPECT_NE(s.message().find("stream header is damaged"), std::string::npos) << s.message();
+    } else {
+      auto sender = TierStreamSender::Open(sv[1]).value();
+      ASSERT_TRUE(sender->Put({{1, 2}, 0}, std::vector<unsigned char>(100, 1)).ok());
+      ASSERT_TRUE(sender->Put({{1, 2}, 0}, std::vector<unsigned char>(100, 1)).ok());  // once
+      ASSERT_TRUE(sender->Put({{3, 4}, 0}, std::vector<unsigned char>(101, 1)).ok());
+      const Status s = receiver->Wait();
+      EXPECT_EQ(s.code(), StatusCode::kResourceExhausted);
+      EXPECT_NE(s.message().find("larger than the limit of 100 bytes"), std::string::npos)
+          << s.message();
+      EXPECT_EQ(receiver->entries_received(), 1);
+      EXPECT_EQ(sender->entries_sent(), 2);
+      EXPECT_EQ(sender->Get({{1, 2}, 0}).status().code(), StatusCode::kNotFound);
+    }
+    close(sv[0]);
+    close(sv[1]);
+  }
+  EXPECT_EQ(TierStreamReceiver::Start(-1, 1, 1).status().code(), StatusCode::kInvalidArgument);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, PrefillDecode,
