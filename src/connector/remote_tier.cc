@@ -570,6 +570,69 @@ void RemoteTier::GetMany(std::span<const PrefixKey> keys,
   if (context_ != nullptr) DeleteAll(dels);
 }
 
+namespace {
+
+// Calls `each` with every key of the server matching `pattern` (SCAN, a page at a time).
+template <typename Each>
+Status ScanKeys(redisContext* c, const std::string& pattern, Each&& each) {
+  std::string cursor = "0";
+  do {
+    Reply r(static_cast<redisReply*>(redisCommand(c, "SCAN %s MATCH %b COUNT 1000", cursor.c_str(),
+                                                  pattern.data(), pattern.size())));
+    if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
+        r->element[0]->type != REDIS_REPLY_STRING || r->element[1]->type != REDIS_REPLY_ARRAY) {
+      return Status::IoError("SCAN");
+    }
+    cursor.assign(r->element[0]->str, r->element[0]->len);
+    const redisReply* keys = r->element[1];
+    for (size_t i = 0; i < keys->elements; ++i)
+      each(std::string_view(keys->element[i]->str, keys->element[i]->len));
+  } while (cursor != "0");
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<std::vector<std::pair<ModelIdentity, int64_t>>> RemoteTier::ListModels() {
+  HKV_RETURN_IF_ERROR(Ready());
+  std::vector<std::pair<ModelIdentity, int64_t>> models;
+  const std::string prefix = options_.name_space + ":";
+  const Status s = ScanKeys(context_, prefix + "*", [&](std::string_view k) {
+    // <namespace>:<model hex>:<digest>-<group>
+    const Result<ModelIdentity> m = ModelIdentity::FromHex(k.substr(prefix.size(), 32));
+    if (!m.ok() || k.size() <= prefix.size() + 32 || k[prefix.size() + 32] != ':') return;
+    auto it =
+        std::find_if(models.begin(), models.end(), [&](const auto& e) { return e.first == *m; });
+    if (it == models.end()) {
+      models.emplace_back(*m, 1);
+    } else {
+      ++it->second;
+    }
+  });
+  if (!s.ok()) return Fail("SCAN");
+  std::sort(models.begin(), models.end(),
+            [](const auto& a, const auto& b) { return a.first.Hex() < b.first.Hex(); });
+  return models;
+}
+
+Result<int64_t> RemoteTier::DropModel(const ModelIdentity& model) {
+  HKV_RETURN_IF_ERROR(Ready());
+  std::vector<std::string> keys;
+  const Status s = ScanKeys(context_, fmt::format("{}:{}:*", options_.name_space, model.Hex()),
+                            [&](std::string_view k) { keys.emplace_back(k); });
+  if (!s.ok()) return Fail("SCAN");
+  for (size_t at = 0; at < keys.size(); at += 1000) {
+    DeleteAll(std::span(keys).subspan(at, std::min<size_t>(1000, keys.size() - at)));
+    if (context_ == nullptr)
+      return Status::IoError(fmt::format("remote tier: DEL on {} failed", server_));
+  }
+  if (model == options_.model) {
+    for (const PrefixKey& k : index_.LruOrder())
+      index_.Erase(k);
+  }
+  return static_cast<int64_t>(keys.size());
+}
+
 Status RemoteTier::Evict(const PrefixKey& key) {
   HKV_RETURN_IF_ERROR(index_.CheckEvict(key));
   if (options_.ownership == RemoteTierOptions::Ownership::kTier) {

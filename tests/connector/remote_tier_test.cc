@@ -106,6 +106,33 @@ TEST(RemoteTierTest, EvictionDeletesOnlyWhenTheTierOwnsItsEntries) {
   }
 }
 
+// An operator's view of a namespace: which models have entries, and dropping one model's entries
+// leaves the other's.
+TEST(RemoteTierTest, ModelsInANamespaceAreListedAndDroppedOneByOne) {
+  const std::string ns = FreshNamespace("models");
+  RemoteTierOptions o1 = SharedRedisServer().Options(ns);
+  RemoteTierOptions o2 = o1;
+  o2.model = testing::TestModel(2);
+  auto a = Connect(o1);
+  auto b = Connect(o2);
+  for (uint64_t k = 0; k < 5; ++k)
+    ASSERT_TRUE(a->Put(K(k), Bytes(10, 1)).ok());
+  for (uint64_t k = 0; k < 3; ++k)
+    ASSERT_TRUE(b->Put(K(k), Bytes(10, 2)).ok());
+  auto models = a->ListModels().value();
+  ASSERT_EQ(models.size(), 2u);
+  for (const auto& [m, n] : models)
+    EXPECT_EQ(n, m == testing::TestModel(1) ? 5 : 3) << m.Hex();
+  EXPECT_EQ(a->DropModel(testing::TestModel(1)).value(), 5);
+  EXPECT_TRUE(a->LruOrder().empty());
+  EXPECT_FALSE(a->Contains(K(1)));
+  EXPECT_EQ(b->Get(K(1)).value(), Bytes(10, 2));
+  models = b->ListModels().value();
+  ASSERT_EQ(models.size(), 1u);
+  EXPECT_EQ(models[0].first, testing::TestModel(2));
+  EXPECT_EQ(a->DropModel(testing::TestModel(1)).value(), 0);
+}
+
 // A value larger than the tier's limit is a miss, never read in full, and left for tiers with a
 // larger limit; one at the limit is read.
 TEST(RemoteTierTest, ValuesOverTheLimitAreMisses) {

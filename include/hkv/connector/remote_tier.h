@@ -37,6 +37,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <hkv/connector/model_identity.h>
@@ -105,6 +106,11 @@ class RemoteTier final : public Tier {
 
   // The server key of `key`.
   std::string ServerKey(const PrefixKey& key) const;
+  // For operators: the models that have entries in this tier's namespace (identity -> number of
+  // entries), and deleting every entry of one model there (SCAN, then DEL in batches; the count
+  // deleted). Entries stored while it runs may survive it. kIoError when the server fails.
+  Result<std::vector<std::pair<ModelIdentity, int64_t>>> ListModels();
+  Result<int64_t> DropModel(const ModelIdentity& model);
   const std::string& server() const { return server_; }
   int64_t hits() const { return hits_; }
   int64_t misses() const { return misses_; }
