@@ -23,6 +23,7 @@
 
 #include "../connector/redis_server.h"
 #include "../connector/tier_test_util.h"
+#include "engine_test_util.h"
 
 namespace hkv {
 namespace {
@@ -219,7 +220,7 @@ TEST(SharedTier, ModelsOfOneGeometryNeverShareEntries) {
 TEST(SharedTier, PlantedBlocksAreRefusedAndRecomputed) {
   const ModelSpec model = Load("meta-llama--Llama-3.1-8B");
   VerifyOptions victim;
-  victim.requests = 16;
+  victim.requests = testing::kSanitized ? 10 : 16;
   victim.seed = 21;
   victim.weights_seed = 7;
   VerifyOptions attacker = victim;
