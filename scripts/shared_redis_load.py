@@ -7,8 +7,10 @@ namespace (the model identity keeps models apart; every process serves the same 
 load each other's blocks), kills the server with SIGKILL and restarts it on the same port
 `--restarts` times while they run, and collects each process's JSON report. Every process must
 finish with every sequence equal to the dense reference; the restarts must have reached them
-(server errors or reconnects counted). Prints a markdown table (or JSON with --json) and exits 1
-on any wrong output or unfinished run.
+(server errors or reconnects counted). Prints a markdown table (or JSON with --json): per engine
+its sequences, mismatches, hits loaded from Redis and their share of its sequences (hit rate),
+failed loads, server errors; and the requests per second of all engines together. Exits 1 on any
+wrong output or unfinished run.
 
   scripts/shared_redis_load.py --hkv build/release/tools/hkv/hkv [--engines 4] [--requests 200]
 """
@@ -113,7 +115,9 @@ def main() -> int:
                "loads_failed": o["loads_failed"], "server_hits": o["server_hits"],
                "server_errors": o["server_errors"], "reconnects": o["reconnects"],
                "forgeries_refused": o["forgeries_refused"],
-               "prefix_hit_tokens": r["features"]["prefix_hit_tokens"]}
+               "prefix_hit_tokens": r["features"]["prefix_hit_tokens"],
+               # Sequences whose prefix came from Redis (a completed load each).
+               "hit_rate": o["loads_completed"] / max(r["requests"], 1)}
         ok = ok and p.returncode == 0 and r["mismatches"] == 0 and r["completed"]
         ok = ok and o["server_errors"] + o["reconnects"] > 0
         rows.append(row)
@@ -130,13 +134,13 @@ def main() -> int:
         print(f"{args.engines} engines x {args.requests} requests ({args.model}), one Redis "
               f"restarted {restarts_done} times ({restarts_mid_run} while every engine ran); "
               f"{summary['wall_s']} s wall, {summary['requests_per_s']} requests/s in all\n")
-        print("| engine | seed | sequences | mismatches | hits loaded from Redis | loads failed "
-              "| server errors | reconnects |")
-        print("|---|---|---|---|---|---|---|---|")
+        print("| engine | seed | sequences | mismatches | hits loaded from Redis | hit rate "
+              "| loads failed | server errors | reconnects |")
+        print("|---|---|---|---|---|---|---|---|---|")
         for r in rows:
             print(f"| {r['engine']} | {r['seed']} | {r['requests']} | {r['mismatches']} | "
-                  f"{r['loads_completed']} | {r['loads_failed']} | {r['server_errors']} | "
-                  f"{r['reconnects']} |")
+                  f"{r['loads_completed']} | {r['hit_rate']:.1%} | {r['loads_failed']} | "
+                  f"{r['server_errors']} | {r['reconnects']} |")
     return 0 if ok else 1
 
 
