@@ -80,6 +80,10 @@ bool TierConnector::Has(const PrefixKey& key) const {
   return false;
 }
 
+bool TierConnector::AnswersInBatches() const {
+  return std::any_of(s_->tiers.begin(), s_->tiers.end(), [](const Tier* t) { return t->Remote(); });
+}
+
 void TierConnector::HasMany(std::span<const PrefixKey> keys, std::span<unsigned char> out) const {
   std::fill(out.begin(), out.end(), 0);
   std::vector<PrefixKey> ask;

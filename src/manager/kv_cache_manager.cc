@@ -190,7 +190,9 @@ Result<PrefixHit> KvCacheManager::Impl::Lookup(RequestId id, const ExternalBlock
   core.stats.lookup_tokens += r->known();
   if (config.enable_prefix_caching) {
     core.external = ext;
-    if (ext != nullptr) {
+    core.external_keys.clear();
+    core.external_answers.clear();
+    if (ext != nullptr && ext->AnswersInBatches()) {
       // One question to the store for every key the hit rules may ask about.
       core.external_keys.clear();
       for (const auto& g : groups)

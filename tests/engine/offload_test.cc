@@ -15,6 +15,7 @@
 #include <hkv/engine/verify.h>
 #include <hkv/spec/config_loader.h>
 
+#include "../connector/forwarding_tier.h"
 #include "../connector/redis_server.h"
 #include "engine_test_util.h"
 
@@ -43,13 +44,9 @@ void ExpectExact(const VerifyReport& r) {
 
 // A tier that hands out damaged copies: every `period`-th Get returns the stored stream with one
 // byte flipped (a checksum catches it), the others fail outright, or succeed.
-class DamagingTier final : public Tier {
+class DamagingTier final : public testing::ForwardingTier {
  public:
-  DamagingTier(Tier& inner, int period) : inner_(inner), period_(period) {}
-  bool Contains(const PrefixKey& key) const override { return inner_.Contains(key); }
-  Status Put(const PrefixKey& key, std::span<const unsigned char> bytes) override {
-    return inner_.Put(key, bytes);
-  }
+  DamagingTier(Tier& inner, int period) : ForwardingTier(inner), period_(period) {}
   Result<std::vector<unsigned char>> Get(const PrefixKey& key) override {
     ++gets_;
     HKV_ASSIGN_OR_RETURN(std::vector<unsigned char> bytes, inner_.Get(key));
@@ -62,16 +59,9 @@ class DamagingTier final : public Tier {
     }
     return bytes;
   }
-  Status Pin(const PrefixKey& key) override { return inner_.Pin(key); }
-  Status Unpin(const PrefixKey& key) override { return inner_.Unpin(key); }
-  Status Evict(const PrefixKey& key) override { return inner_.Evict(key); }
-  int64_t capacity_bytes() const override { return inner_.capacity_bytes(); }
-  int64_t used_bytes() const override { return inner_.used_bytes(); }
-  std::vector<PrefixKey> LruOrder() const override { return inner_.LruOrder(); }
   int64_t damaged() const { return damaged_; }
 
  private:
-  Tier& inner_;
   int period_;
   int64_t gets_ = 0;
   int64_t damaged_ = 0;

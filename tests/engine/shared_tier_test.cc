@@ -21,6 +21,7 @@
 #include <hkv/engine/verify.h>
 #include <hkv/spec/config_loader.h>
 
+#include "../connector/forwarding_tier.h"
 #include "../connector/redis_server.h"
 #include "../connector/tier_test_util.h"
 #include "engine_test_util.h"
@@ -119,10 +120,9 @@ TEST(SharedTier, DiskTierOutlivesAKilledEngineProcess) {
 
 // Passes every call to `inner` and checks each block a Get returns against what this wrapper's
 // own Puts stored under that key: a block it never stored is another writer's.
-class OwnBlocksOnly final : public Tier {
+class OwnBlocksOnly final : public testing::ForwardingTier {
  public:
-  explicit OwnBlocksOnly(Tier& inner) : inner_(inner) {}
-  bool Contains(const PrefixKey& key) const override { return inner_.Contains(key); }
+  explicit OwnBlocksOnly(Tier& inner) : ForwardingTier(inner) {}
   Status Put(const PrefixKey& key, std::span<const unsigned char> bytes) override {
     put_[key].assign(bytes.begin(), bytes.end());
     return inner_.Put(key, bytes);
@@ -133,17 +133,10 @@ class OwnBlocksOnly final : public Tier {
     ++(it != put_.end() && it->second == bytes ? own_ : foreign_);
     return bytes;
   }
-  Status Pin(const PrefixKey& key) override { return inner_.Pin(key); }
-  Status Unpin(const PrefixKey& key) override { return inner_.Unpin(key); }
-  Status Evict(const PrefixKey& key) override { return inner_.Evict(key); }
-  int64_t capacity_bytes() const override { return inner_.capacity_bytes(); }
-  int64_t used_bytes() const override { return inner_.used_bytes(); }
-  std::vector<PrefixKey> LruOrder() const override { return inner_.LruOrder(); }
   int64_t own() const { return own_; }
   int64_t foreign() const { return foreign_; }
 
  private:
-  Tier& inner_;
   std::unordered_map<PrefixKey, std::vector<unsigned char>, PrefixKeyHash> put_;
   int64_t own_ = 0, foreign_ = 0;
 };

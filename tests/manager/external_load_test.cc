@@ -20,6 +20,7 @@ class FakeStore : public ExternalBlocks {
     ++has_calls;
     return keys_.count(key) > 0;
   }
+  bool AnswersInBatches() const override { return batched; }
   void HasMany(std::span<const PrefixKey> keys, std::span<unsigned char> out) const override {
     ++batches;
     for (size_t i = 0; i < keys.size(); ++i)
@@ -32,6 +33,7 @@ class FakeStore : public ExternalBlocks {
   }
   void Erase(const PrefixKey& key) { keys_.erase(key); }
   size_t size() const { return keys_.size(); }
+  bool batched = true;            // as a remote store would
   mutable int64_t has_calls = 0;  // one key at a time
   mutable int64_t batches = 0;    // HasMany calls
 
@@ -213,6 +215,16 @@ TEST(ExternalLoadTest, ExternalHitEqualsThePublishersLocalHitForEveryGroupMix) {
       // Every key the hit rules asked about was in the one batch: one question to the store.
       EXPECT_EQ(store.batches, 1);
       EXPECT_EQ(store.has_calls, 0);
+      {
+        // A store that does not batch is asked key by key, for the same hit.
+        store.batched = false;
+        store.has_calls = store.batches = 0;
+        Driver single(k.config);
+        single.Add(1, Seq(len));
+        EXPECT_EQ(single.m().Lookup(1, store).value().tokens, want.tokens);
+        EXPECT_EQ(store.batches, 0);
+        store.batched = true;
+      }
       if (hit.tokens == 0) {
         EXPECT_EQ(hit.loads, 0);
         continue;

@@ -95,6 +95,7 @@ class RemoteTier final : public Tier {
   int64_t used_bytes() const override { return index_.used_bytes(); }
   std::vector<PrefixKey> LruOrder() const override { return index_.LruOrder(); }
   std::string_view medium() const override { return "REMOTE"; }
+  bool Remote() const override { return true; }
   // What left the server by this tier's hand or to its knowledge: entries it deleted (kTier
   // evictions, damaged and forged values) and its entries a Get found gone. Under kServer, a
   // budget eviction only forgets and is not a removal.

@@ -25,6 +25,8 @@ class Tier {
 
   virtual bool Contains(const PrefixKey& key) const = 0;
   virtual Status Put(const PrefixKey& key, std::span<const unsigned char> bytes) = 0;
+  // Whether a call costs a round trip, so that callers should batch (ContainsMany and the rest).
+  virtual bool Remote() const { return false; }
   // out[i] = 1 when the tier contains keys[i].
   virtual void ContainsMany(std::span<const PrefixKey> keys, std::span<unsigned char> out) const {
     for (size_t i = 0; i < keys.size(); ++i)

@@ -74,6 +74,8 @@ class TierConnector final : public ExternalBlocks {
   // Each tier is asked, in order, about the keys no earlier tier has, in one batch
   // (Tier::ContainsMany: one round trip on a remote tier).
   void HasMany(std::span<const PrefixKey> keys, std::span<unsigned char> out) const override;
+  // True when some tier is remote: then a lookup's keys are worth asking in one batch.
+  bool AnswersInBatches() const override;
   Status Store(std::span<const ManagerEvent> events);
 
   // kInvalidArgument (nothing queued) for an id with a job already, no loads, or a load whose

@@ -8,9 +8,11 @@
 // engine reports the load complete (FinishLoad), and a failed load returns the request to where
 // it was before its first Allocate, so a broken store costs a recomputation, never a wrong
 // output.
-// HasMany answers a batch (out[i] = 1 when the store has keys[i]), as Has would one by one; a
-// store behind a network overrides it to answer in one round trip. Lookup lists every key its
-// hit rules may ask about up front and asks HasMany once, then Has only for keys it did not list.
+// HasMany answers a batch (out[i] = 1 when the store has keys[i]), as Has would one by one. A
+// store behind a network says so (AnswersInBatches) and answers HasMany in one round trip; Lookup
+// then lists every key its hit rules may ask about up front and asks HasMany once, then Has only
+// for keys it did not list. For other stores Lookup asks Has as its hit rules go, stopping at the
+// first miss, which costs less than listing every key.
 #pragma once
 
 #include <span>
@@ -23,6 +25,7 @@ class ExternalBlocks {
  public:
   virtual ~ExternalBlocks() = default;
   virtual bool Has(const PrefixKey& key) const = 0;
+  virtual bool AnswersInBatches() const { return false; }
   virtual void HasMany(std::span<const PrefixKey> keys, std::span<unsigned char> out) const {
     for (size_t i = 0; i < keys.size(); ++i)
       out[i] = Has(keys[i]) ? 1 : 0;
