@@ -1,4 +1,5 @@
-"""Builds the hybridkv Python module with CMake and packages it with its type stubs.
+"""Builds the hybridkv Python package: its compiled module through CMake, its Python parts
+(the re-exporting __init__, the vLLM adapter hybridkv.vllm) and type stubs from python/hybridkv.
 
 The version is the one project(VERSION) in CMakeLists.txt declares. The build configures only
 what the module needs (no connector, engine, CLI, tests), so it asks nothing of Debian beyond
@@ -25,7 +26,7 @@ def project_version():
 
 
 class CMakeBuild(build_ext):
-    """Builds the `hybridkv_python` CMake target and puts the module and hybridkv.pyi in place."""
+    """Builds the `hybridkv_python` CMake target and puts hybridkv/_hybridkv*.so in place."""
 
     def build_extension(self, ext):
         build_dir = Path(self.build_temp).resolve() / "cmake"
@@ -43,22 +44,21 @@ class CMakeBuild(build_ext):
         subprocess.run(["cmake", "--build", str(build_dir), "--target", "hybridkv_python",
                         "--parallel", jobs], check=True)
 
-        built = sorted((build_dir / "python").glob("hybridkv*.so"))
+        built = sorted((build_dir / "python" / "hybridkv").glob("_hybridkv*.so"))
         if len(built) != 1:
-            raise RuntimeError(f"expected one built module in {build_dir / 'python'}, found {built}")
+            raise RuntimeError(
+                f"expected one built module in {build_dir / 'python' / 'hybridkv'}, found {built}")
         target = Path(self.get_ext_fullpath(ext.name))
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(built[0], target)
-        # The stubs beside the module, where type checkers and IDEs look for them.
-        shutil.copyfile(ROOT / "python" / "hybridkv.pyi", target.parent / "hybridkv.pyi")
 
 
 setup(
     version=project_version(),
-    ext_modules=[Extension("hybridkv", sources=[])],
+    ext_modules=[Extension("hybridkv._hybridkv", sources=[])],
     cmdclass={"build_ext": CMakeBuild},
-    # One extension module; nothing else in the tree is a Python package to install.
-    packages=[],
-    py_modules=[],
+    packages=["hybridkv", "hybridkv.vllm"],
+    package_dir={"": "python"},
+    package_data={"hybridkv": ["*.pyi", "py.typed"]},
     zip_safe=False,
 )

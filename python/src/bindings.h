@@ -16,5 +16,6 @@ int64_t ToBytes(const ByteSize& size, const char* what);
 void BindModel(pybind11::module_& m);    // load_model, make_plan, make_allocator, ManagerConfig
 void BindManager(pybind11::module_& m);  // KvCacheManager and the values it exchanges
 void BindTrace(pybind11::module_& m);    // generate_trace, read_trace, ideal_hit_rate
+void BindVllm(pybind11::module_& m);     // VllmCore, the core of hybridkv.vllm
 
 }  // namespace hkv::python

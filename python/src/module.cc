@@ -8,7 +8,8 @@
 #include "bindings.h"
 #include "status_error.h"
 
-PYBIND11_MODULE(hybridkv, m) {
+// The compiled part of the `hybridkv` package; python/hybridkv/__init__.py re-exports it.
+PYBIND11_MODULE(_hybridkv, m) {
   m.doc() =
       "hybridkv: KV-cache memory management for hybrid LLMs (full, sliding-window, chunked, "
       "cross-attention, MLA and recurrent layers).\n\n"
@@ -21,4 +22,5 @@ PYBIND11_MODULE(hybridkv, m) {
   hkv::python::BindModel(m);
   hkv::python::BindManager(m);
   hkv::python::BindTrace(m);
+  hkv::python::BindVllm(m);
 }

@@ -80,6 +80,11 @@ class Digest {
 
 }  // namespace
 
+BlockHash DigestOf(std::span<const unsigned char> engine_hash) {
+  const XXH128_hash_t h = XXH3_128bits(engine_hash.data(), engine_hash.size());
+  return BlockHash{h.low64, h.high64};
+}
+
 BlockHash HashBlock(const BlockHash& parent, std::span<const int32_t> tokens,
                     const BlockExtraKeys& extra) {
   Digest d;

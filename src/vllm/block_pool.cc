@@ -74,6 +74,13 @@ void BlockPool::MaybeEvict(int32_t block) {
     meta_[static_cast<size_t>(b)].dup_next = m.dup_next;
     --num_duplicates_;
   }
+  if (events_ != nullptr) {
+    CacheEvent e;
+    e.kind = CacheEvent::Kind::kRemoved;
+    e.group = m.key.group;
+    e.blocks.push_back(block);
+    events_->push_back(std::move(e));
+  }
   m.dup_next = -1;
   m.has_hash = false;
   m.key = {};
@@ -105,6 +112,11 @@ bool BlockPool::ResetPrefixCache() {
     m.has_hash = false;
     m.key = {};
     m.dup_next = -1;
+  }
+  if (events_ != nullptr) {
+    CacheEvent e;
+    e.kind = CacheEvent::Kind::kAllCleared;
+    events_->push_back(std::move(e));
   }
   return true;
 }

@@ -14,6 +14,7 @@
 #include <hkv/common/status.h>
 #include <hkv/pool/block_hash.h>
 #include <hkv/pool/prefix_index.h>
+#include <hkv/vllm/kv_cache_manager.h>
 
 namespace hkv::vllm {
 
@@ -44,6 +45,12 @@ class BlockPool {
     }
   }
   bool ResetPrefixCache();
+  // _maybe_evict_cached_block: drops the block's identity if the prefix map holds it.
+  void EvictCached(int32_t block) { MaybeEvict(block); }
+
+  // Where events go (nullptr: none are recorded).
+  void set_events(std::vector<CacheEvent>* events) { events_ = events; }
+  std::vector<CacheEvent>* events() const { return events_; }
 
   int32_t ref_cnt(int32_t block) const { return meta_[static_cast<size_t>(block)].ref_cnt; }
   bool has_hash(int32_t block) const { return meta_[static_cast<size_t>(block)].has_hash; }
@@ -72,6 +79,7 @@ class BlockPool {
   int32_t num_free_ = 0;
   PrefixIndex cached_;
   int32_t num_duplicates_ = 0;
+  std::vector<CacheEvent>* events_ = nullptr;
 };
 
 }  // namespace hkv::vllm

@@ -16,6 +16,7 @@ Request::Request(RequestId id, std::span<const int32_t> prompt, int32_t hash_blo
     : id_(id),
       num_prompt_tokens_(static_cast<int64_t>(prompt.size())),
       hash_block_size_(hash_block_size),
+      num_tokens_(static_cast<int64_t>(prompt.size())),
       tokens_(prompt.begin(), prompt.end()) {
   if (hash_block_size < 1) return;
   const size_t bs = static_cast<size_t>(hash_block_size);
@@ -26,8 +27,20 @@ Request::Request(RequestId id, std::span<const int32_t> prompt, int32_t hash_blo
   }
 }
 
+Request Request::Hashed(RequestId id, int64_t num_prompt_tokens, int32_t hash_block_size) {
+  Request r(id, {}, hash_block_size);
+  r.num_prompt_tokens_ = r.num_tokens_ = num_prompt_tokens;
+  return r;
+}
+
+void Request::Extend(int64_t num_tokens, std::span<const BlockHash> hashes) {
+  num_tokens_ = num_tokens;
+  hashes_.insert(hashes_.end(), hashes.begin(), hashes.end());
+}
+
 void Request::AppendToken(int32_t token) {
   tokens_.push_back(token);
+  ++num_tokens_;
   if (hash_block_size_ < 1) return;
   const size_t bs = static_cast<size_t>(hash_block_size_);
   if (tokens_.size() % bs != 0) return;
@@ -46,13 +59,17 @@ struct KvCacheManager::Impl {
   };
 
   KvCacheConfig config;
+  ManagerOptions options;
+  std::vector<CacheEvent> events;
   BlockPool pool;
   std::vector<std::unique_ptr<SingleTypeManager>> managers;
   bool hybrid = false;
   std::vector<AttentionGroup> attention_groups;  // full attention first
   int32_t lcm_block_size = 0;
 
-  explicit Impl(const KvCacheConfig& c) : config(c), pool(c.num_blocks) {
+  Impl(const KvCacheConfig& c, const ManagerOptions& o)
+      : config(c), options(o), pool(c.num_blocks) {
+    if (o.record_events) pool.set_events(&events);
     for (size_t g = 0; g < c.groups.size(); ++g) {
       managers.push_back(
           MakeSingleTypeManager(c.groups[g].spec, &pool, static_cast<int32_t>(g), c));
@@ -148,7 +165,17 @@ struct KvCacheManager::Impl {
     return n;
   }
 
+  // Caching up to `num_tokens` reads the block hashes of every full block before it.
+  Status CheckCacheable(const Request& r, int64_t num_tokens) const {
+    const int64_t needed = num_tokens / config.hash_block_size;
+    if (static_cast<int64_t>(r.block_hashes().size()) >= needed) return Status::Ok();
+    return Status::InvalidArgument(
+        fmt::format("vllm manager: request {}: caching {} tokens needs {} block hashes, it has {}",
+                    r.id(), num_tokens, needed, r.block_hashes().size()));
+  }
+
   void CacheBlocks(const Request& r, int64_t num_computed) {
+    if (!options.enable_caching) return;
     if (!hybrid) {
       managers[0]->CacheBlocks(r, num_computed, 0);
       return;
@@ -164,7 +191,8 @@ KvCacheManager::KvCacheManager(KvCacheManager&&) noexcept = default;
 KvCacheManager& KvCacheManager::operator=(KvCacheManager&&) noexcept = default;
 KvCacheManager::~KvCacheManager() = default;
 
-Result<KvCacheManager> KvCacheManager::Create(const KvCacheConfig& config) {
+Result<KvCacheManager> KvCacheManager::Create(const KvCacheConfig& config,
+                                              const ManagerOptions& options) {
   const auto bad = [](const std::string& what) {
     return Status::InvalidArgument(
         fmt::format("vllm manager: {} (make the config with MakeKvCacheConfig)", what));
@@ -188,7 +216,7 @@ Result<KvCacheManager> KvCacheManager::Create(const KvCacheConfig& config) {
           g.spec.block_size, config.hash_block_size));
     }
   }
-  return KvCacheManager(std::make_unique<Impl>(config));
+  return KvCacheManager(std::make_unique<Impl>(config, options));
 }
 
 const KvCacheConfig& KvCacheManager::config() const {
@@ -197,48 +225,51 @@ const KvCacheConfig& KvCacheManager::config() const {
 
 Result<ComputedBlocks> KvCacheManager::GetComputedBlocks(const Request& request) const {
   HKV_RETURN_IF_ERROR(impl_->CheckHashBlockSize(request));
+  if (!impl_->options.enable_caching) {
+    ComputedBlocks none;
+    none.blocks.groups.resize(impl_->managers.size());
+    return none;
+  }
   return impl_->FindLongestCacheHit(request, request.num_tokens() - 1);
 }
 
 Status KvCacheManager::AllocateSlots(const Request& request, const AllocateArgs& a,
                                      GroupBlocks* new_blocks) {
   Impl& m = *impl_;
-  if (a.num_new_tokens <= 0) {
-    return Status::InvalidArgument(
-        fmt::format("vllm manager: request {}: {} new tokens; expected at least 1", request.id(),
-                    a.num_new_tokens));
+  const auto bad = [&](const std::string& what) {
+    return Status::InvalidArgument(fmt::format("vllm manager: request {}: {}", request.id(), what));
+  };
+  const std::pair<int64_t, const char*> counts[] = {
+      {a.num_new_tokens, "new tokens"},
+      {a.num_new_computed_tokens, "new computed tokens"},
+      {a.num_lookahead_tokens, "lookahead tokens"},
+      {a.num_external_computed_tokens, "external computed tokens"}};
+  for (const auto& [n, what] : counts) {
+    if (n < 0) return bad(fmt::format("{} {}; expected at least 0", n, what));
   }
-  if (a.num_new_computed_tokens < 0) {
-    return Status::InvalidArgument(
-        fmt::format("vllm manager: request {}: {} new computed tokens; expected at least 0",
-                    request.id(), a.num_new_computed_tokens));
-  }
-  if (a.num_lookahead_tokens < 0) {
-    return Status::InvalidArgument(
-        fmt::format("vllm manager: request {}: {} lookahead tokens; expected at least 0",
-                    request.id(), a.num_lookahead_tokens));
-  }
+  if (a.num_new_tokens == 0 && a.num_external_computed_tokens == 0)
+    return bad("0 new tokens and 0 external computed tokens; expected at least 1 new token");
   const int64_t local_computed = request.num_computed_tokens + a.num_new_computed_tokens;
-  if (local_computed + a.num_new_tokens > request.num_tokens() + a.num_lookahead_tokens) {
-    return Status::InvalidArgument(
-        fmt::format("vllm manager: request {}: {} computed + {} new tokens exceed its {} tokens",
-                    request.id(), local_computed, a.num_new_tokens, request.num_tokens()));
+  if (local_computed + a.num_external_computed_tokens + a.num_new_tokens >
+      request.num_tokens() + a.num_lookahead_tokens) {
+    return bad(fmt::format("{} computed + {} external + {} new tokens exceed its {} tokens",
+                           local_computed, a.num_external_computed_tokens, a.num_new_tokens,
+                           request.num_tokens()));
   }
-  if (request.hash_block_size() != m.config.hash_block_size) {
-    return Status::InvalidArgument(
-        fmt::format("vllm manager: request {}: its hash block size {} is not the manager's {}",
-                    request.id(), request.hash_block_size(), m.config.hash_block_size));
-  }
+  HKV_RETURN_IF_ERROR(m.CheckHashBlockSize(request));
   const GroupBlocks* nc = a.new_computed != nullptr && !a.new_computed->blocks.empty()
                               ? &a.new_computed->blocks
                               : nullptr;
   if (nc != nullptr && nc->groups.size() != m.managers.size()) {
-    return Status::InvalidArgument(
-        fmt::format("vllm manager: request {}: computed blocks for {} groups, the manager has {}",
-                    request.id(), nc->groups.size(), m.managers.size()));
+    return bad(fmt::format("computed blocks for {} groups, the manager has {}", nc->groups.size(),
+                           m.managers.size()));
   }
   const int64_t max_len = m.config.max_model_len;
-  const int64_t total_computed = std::min(local_computed, max_len);
+  const int64_t with_external = local_computed + a.num_external_computed_tokens;
+  const int64_t total_computed = std::min(with_external, max_len);
+  const bool cache = m.options.enable_caching && !a.delay_cache_blocks;
+  const int64_t to_cache = std::min(total_computed + a.num_new_tokens, request.num_tokens());
+  if (cache) HKV_RETURN_IF_ERROR(m.CheckCacheable(request, to_cache));
   const int64_t free = m.pool.num_free();
   if (a.full_sequence_must_fit) {
     const int64_t full = std::min(request.num_tokens(), max_len);
@@ -250,20 +281,23 @@ Status KvCacheManager::AllocateSlots(const Request& request, const AllocateArgs&
   // As in vLLM, blocks that left the window are released before the check, whatever its outcome.
   for (auto& s : m.managers)
     s->RemoveSkippedBlocks(request.id(), total_computed);
-  if (m.NumBlocksToAllocate(request.id(), need_slot, nc, local_computed, main, false) >
+  if (m.NumBlocksToAllocate(request.id(), need_slot, nc, with_external, main, false) >
       m.pool.num_free()) {
     return Status::ResourceExhausted("vllm manager: not enough free blocks");
   }
-  if (nc != nullptr) {
-    for (size_t g = 0; g < m.managers.size(); ++g)
-      m.managers[g]->AllocateNewComputedBlocks(request.id(), nc->groups[g], local_computed);
+  if (nc != nullptr || a.num_external_computed_tokens > 0) {
+    static const std::vector<int32_t> kNone;
+    for (size_t g = 0; g < m.managers.size(); ++g) {
+      m.managers[g]->AllocateNewComputedBlocks(request.id(), nc != nullptr ? nc->groups[g] : kNone,
+                                               local_computed, a.num_external_computed_tokens);
+    }
   }
   if (new_blocks != nullptr) new_blocks->groups.assign(m.managers.size(), {});
   for (size_t g = 0; g < m.managers.size(); ++g) {
     m.managers[g]->AllocateNewBlocks(request.id(), need_slot, main,
                                      new_blocks != nullptr ? &new_blocks->groups[g] : nullptr);
   }
-  m.CacheBlocks(request, std::min(total_computed + a.num_new_tokens, request.num_tokens()));
+  if (cache) m.CacheBlocks(request, to_cache);
   return Status::Ok();
 }
 
@@ -272,12 +306,51 @@ void KvCacheManager::Free(RequestId id) {
     s->Free(id);
 }
 
+Status KvCacheManager::CacheBlocks(const Request& request, int64_t num_computed_tokens) {
+  Impl& m = *impl_;
+  if (num_computed_tokens < 0 || num_computed_tokens > request.num_tokens()) {
+    return Status::InvalidArgument(
+        fmt::format("vllm manager: request {}: cache {} tokens; it has {}", request.id(),
+                    num_computed_tokens, request.num_tokens()));
+  }
+  HKV_RETURN_IF_ERROR(m.CheckHashBlockSize(request));
+  if (!m.options.enable_caching) return Status::Ok();
+  HKV_RETURN_IF_ERROR(m.CheckCacheable(request, num_computed_tokens));
+  m.CacheBlocks(request, num_computed_tokens);
+  return Status::Ok();
+}
+
+void KvCacheManager::RemoveSkippedBlocks(RequestId id, int64_t total_computed_tokens) {
+  for (auto& s : impl_->managers)
+    s->RemoveSkippedBlocks(id, total_computed_tokens);
+}
+
+Status KvCacheManager::EvictBlocks(std::span<const int32_t> block_ids) {
+  for (const int32_t b : block_ids) {
+    if (b < 0 || b >= impl_->pool.num_blocks()) {
+      return Status::InvalidArgument(fmt::format(
+          "vllm manager: evict block {}: ids run from 0 to {}", b, impl_->pool.num_blocks() - 1));
+    }
+  }
+  for (const int32_t b : block_ids)
+    impl_->pool.EvictCached(b);
+  return Status::Ok();
+}
+
+std::vector<CacheEvent> KvCacheManager::TakeEvents() {
+  std::vector<CacheEvent> out;
+  out.swap(impl_->events);
+  return out;
+}
+
 void KvCacheManager::NewStepStarts() {
   for (auto& s : impl_->managers)
     s->NewStepStarts();
 }
 
 std::vector<int32_t> KvCacheManager::NumCommonPrefixBlocks(RequestId id) const {
+  // Without prefix caching vLLM's coordinator answers 0 for every group.
+  if (!impl_->options.enable_caching) return std::vector<int32_t>(impl_->managers.size(), 0);
   std::vector<int32_t> out;
   for (const auto& s : impl_->managers)
     out.push_back(s->NumCommonPrefixBlocks(id));
@@ -308,6 +381,15 @@ bool KvCacheManager::ResetPrefixCache() {
 
 PoolStats KvCacheManager::Stats() const {
   return {impl_->pool.num_blocks(), impl_->pool.num_free(), impl_->pool.num_cached()};
+}
+
+bool KvCacheManager::Idle() const {
+  return std::all_of(impl_->managers.begin(), impl_->managers.end(),
+                     [](const auto& s) { return s->holds_nothing(); });
+}
+
+bool KvCacheManager::IsCached(int32_t block) const {
+  return block >= 0 && block < impl_->pool.num_blocks() && impl_->pool.has_hash(block);
 }
 
 std::vector<int32_t> KvCacheManager::FreeQueue() const {

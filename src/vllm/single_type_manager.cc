@@ -295,17 +295,33 @@ int64_t SingleTypeManager::NumBlocksToAllocate(RequestId id, int64_t num_tokens,
 
 void SingleTypeManager::AllocateNewComputedBlocks(RequestId id,
                                                   std::span<const int32_t> new_computed,
-                                                  int64_t num_local_computed_tokens) {
+                                                  int64_t num_local_computed_tokens,
+                                                  int64_t num_external_computed_tokens) {
   if (num_cached_block_.contains(id)) return;
   BlockList& blocks = req_to_blocks_[id];
-  const int64_t skipped_blocks = NumSkippedTokens(num_local_computed_tokens) / block_size_;
-  if (skipped_blocks > 0) new_computed = DropFront(new_computed, skipped_blocks);
+  const int64_t total = num_local_computed_tokens + num_external_computed_tokens;
+  const int64_t skipped_tokens = NumSkippedTokens(total);
+  const int64_t skipped_blocks = skipped_tokens / block_size_;
+  int64_t external = num_external_computed_tokens;
+  if (skipped_blocks > 0) {
+    new_computed = DropFront(new_computed, skipped_blocks);
+    // Connector tokens behind the window need no block either.
+    external = std::min(total - skipped_tokens, external);
+  }
   for (const int32_t b : new_computed)
     pool_->Touch(b);
   if (skipped_blocks > 0)
     blocks.resize(blocks.size() + static_cast<size_t>(skipped_blocks), kNullBlock);
   blocks.insert(blocks.end(), new_computed.begin(), new_computed.end());
   num_cached_block_[id] = static_cast<int64_t>(blocks.size());
+  if (external <= 0) return;
+  const int64_t n = CeilDiv(total, block_size_) - static_cast<int64_t>(blocks.size());
+  if (n <= 0) return;
+  const size_t first = blocks.size();
+  pool_->GetNewBlocks(static_cast<int32_t>(n), blocks);
+  if (spec_.type == SpecType::kFullAttention)
+    new_block_ids_.insert(new_block_ids_.end(), blocks.begin() + static_cast<std::ptrdiff_t>(first),
+                          blocks.end());
 }
 
 void SingleTypeManager::AllocateNewBlocks(RequestId id, int64_t num_tokens,
@@ -328,10 +344,26 @@ void SingleTypeManager::CacheFullBlocks(const Request& request, BlockList& block
   const HashView hashes(request.block_hashes(), block_size_ / request.hash_block_size());
   const bool masked = alignment_tokens > block_size_;
   const int64_t end = std::min<int64_t>(num_full, static_cast<int64_t>(blocks.size()));
+  std::vector<CacheEvent>* events = pool_->events();
+  CacheEvent* e = nullptr;
+  if (events != nullptr) {
+    // vLLM queues one BlockStored per call and group, even when every new block is null.
+    e = &events->emplace_back();
+    e->kind = CacheEvent::Kind::kStored;
+    e->group = group_id_;
+    e->request = request.id();
+    e->block_size = block_size_;
+    e->first_block = num_cached;
+    e->end_block = num_full;
+  }
   for (int64_t i = num_cached; i < end; ++i) {
     const int32_t b = blocks[static_cast<size_t>(i)];
     if (b == kNullBlock || (masked && CacheMaskSkips(i, alignment_tokens))) continue;
     pool_->Cache(b, PrefixKey{hashes[i], group_id_});
+    if (e != nullptr) {
+      e->blocks.push_back(b);
+      e->indices.push_back(i);
+    }
   }
 }
 

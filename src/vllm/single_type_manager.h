@@ -49,7 +49,10 @@ class SingleTypeManager {
                                       int64_t total_computed_tokens, int64_t num_tokens_main_model,
                                       bool apply_admission_cap);
   void AllocateNewComputedBlocks(RequestId id, std::span<const int32_t> new_computed,
-                                 int64_t num_local_computed_tokens);
+                                 int64_t num_local_computed_tokens,
+                                 int64_t num_external_computed_tokens);
+  // Blocks (at this group's size) a caching call up to num_tokens would give an identity to.
+  int64_t NumFullBlocks(int64_t num_tokens) const { return num_tokens / block_size_; }
   virtual void AllocateNewBlocks(RequestId id, int64_t num_tokens, int64_t num_tokens_main_model,
                                  BlockList* out);
   virtual void CacheBlocks(const Request& request, int64_t num_tokens, int32_t alignment_tokens);

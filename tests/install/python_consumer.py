@@ -9,7 +9,11 @@ import hybridkv
 models, version = sys.argv[1], sys.argv[2]
 module = pathlib.Path(hybridkv.__file__)
 assert sys.prefix in str(module), f"hybridkv imported from {module}, not from the venv {sys.prefix}"
-assert (module.parent / "hybridkv.pyi").is_file(), f"no hybridkv.pyi beside {module}"
+assert (module.parent / "__init__.pyi").is_file(), f"no __init__.pyi beside {module}"
+assert list(module.parent.glob("_hybridkv*.so")), f"no compiled module beside {module}"
+import hybridkv.vllm  # noqa: E402  (the adapter imports without vLLM)
+
+assert hybridkv.vllm.KVCacheManager.allocate_slots
 assert "PYTHONPATH" not in os.environ
 assert hybridkv.__version__ == version, (hybridkv.__version__, version)
 

@@ -248,6 +248,115 @@ TEST(VllmManager, AFailedAllocationOrBadArgumentChangesNothing) {
   EXPECT_TRUE(m.CheckInvariants().ok());
 }
 
+TEST(VllmManager, EventsFollowVllmsBlockPool) {
+  KvCacheManager m = KvCacheManager::Create(FullConfig(4), {.record_events = true}).value();
+  Request a(1, Iota(10), 4);
+  ASSERT_TRUE(Allocate(m, a, 10, true).ok());
+  std::vector<CacheEvent> e = m.TakeEvents();
+  ASSERT_EQ(e.size(), 1U);  // one BlockStored per caching call and group
+  EXPECT_EQ(e[0].kind, CacheEvent::Kind::kStored);
+  EXPECT_EQ(e[0].request, 1);
+  EXPECT_EQ(e[0].first_block, 0);
+  EXPECT_EQ(e[0].end_block, 2);
+  EXPECT_EQ(e[0].blocks, (std::vector<int32_t>{1, 2}));
+  EXPECT_EQ(e[0].indices, (std::vector<int64_t>{0, 1}));
+  EXPECT_TRUE(m.TakeEvents().empty());
+  m.Free(1);
+  // Popping a cached block from the free queue drops its identity: one BlockRemoved each.
+  Request b(2, Iota(16, 50), 4);
+  AllocateArgs args;
+  args.num_new_tokens = 15;
+  ASSERT_TRUE(m.AllocateSlots(b, args).ok());
+  e = m.TakeEvents();
+  ASSERT_GE(e.size(), 3U);
+  EXPECT_EQ(e[0].kind, CacheEvent::Kind::kRemoved);
+  EXPECT_EQ(e[1].kind, CacheEvent::Kind::kRemoved);
+  EXPECT_EQ(e.back().kind, CacheEvent::Kind::kStored);
+  m.Free(2);
+  ASSERT_TRUE(m.ResetPrefixCache());
+  e = m.TakeEvents();
+  ASSERT_EQ(e.size(), 1U);
+  EXPECT_EQ(e[0].kind, CacheEvent::Kind::kAllCleared);
+  EXPECT_TRUE(m.CheckInvariants().ok());
+}
+
+TEST(VllmManager, ConnectorTokensGetBlocksAndDelayedBlocksAreCachedLater) {
+  KvCacheManager m = KvCacheManager::Create(FullConfig(8)).value();
+  Request r(1, Iota(12), 4);
+  AllocateArgs args;
+  args.num_new_tokens = 4;
+  args.num_external_computed_tokens = 8;
+  args.delay_cache_blocks = true;
+  GroupBlocks fresh;
+  ASSERT_TRUE(m.AllocateSlots(r, args, &fresh).ok());
+  EXPECT_EQ(fresh.groups[0], (std::vector<int32_t>{3}));  // the connector's blocks are not "new"
+  EXPECT_EQ(m.GetBlockIds(1).groups[0], (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_EQ(m.TakeNewBlockIds(), (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_EQ(m.Stats().num_cached, 0);
+  Request probe(2, Iota(13), 4);
+  EXPECT_EQ(m.GetComputedBlocks(probe).value().num_tokens, 0);
+  r.num_computed_tokens = 12;
+  ASSERT_TRUE(m.CacheBlocks(r, 12).ok());
+  EXPECT_EQ(m.GetComputedBlocks(probe).value().num_tokens, 12);
+  // Counts that do not add up are refused before anything moves.
+  args.num_new_tokens = 0;
+  args.num_external_computed_tokens = 0;
+  EXPECT_EQ(m.AllocateSlots(r, args).code(), StatusCode::kInvalidArgument);
+  args.num_external_computed_tokens = -4;
+  EXPECT_EQ(m.AllocateSlots(r, args).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(m.CacheBlocks(r, 13).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(m.CheckInvariants().ok());
+}
+
+TEST(VllmManager, EngineHashedRequestsHitLikeTokenHashedOnes) {
+  KvCacheManager m = KvCacheManager::Create(FullConfig(8)).value();
+  Request a(1, Iota(12), 4);
+  ASSERT_TRUE(Allocate(m, a, 12, true).ok());
+  // The same prefix described by the engine's own hashes: equal hashes, equal hits.
+  Request b = Request::Hashed(2, 12, 4);
+  b.Extend(12, std::span<const BlockHash>(a.block_hashes()).first(2));
+  EXPECT_EQ(m.GetComputedBlocks(b).value().num_tokens, 8);
+  // Caching past the hashes the engine gave is refused by name, and changes nothing.
+  AllocateArgs args;
+  args.num_new_tokens = 12;
+  const Status st = m.AllocateSlots(b, args);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("needs 3 block hashes, it has 2"), std::string::npos) << st.message();
+  EXPECT_TRUE(m.GetBlockIds(2).empty());
+  EXPECT_TRUE(m.CheckInvariants().ok());
+}
+
+TEST(VllmManager, EvictBlocksDropsIdentitiesOnlyAndRefusesUnknownIds) {
+  KvCacheManager m = KvCacheManager::Create(FullConfig(8), {.record_events = true}).value();
+  Request a(1, Iota(12), 4);
+  ASSERT_TRUE(Allocate(m, a, 12, true).ok());
+  m.TakeEvents();
+  const int32_t bad[] = {1, 9};
+  const Status st = m.EvictBlocks(bad);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("evict block 9"), std::string::npos);
+  EXPECT_TRUE(m.IsCached(1));
+  const int32_t good[] = {0, 1, 5};  // the null block and an uncached one: no-ops
+  ASSERT_TRUE(m.EvictBlocks(good).ok());
+  EXPECT_FALSE(m.IsCached(1));
+  EXPECT_TRUE(m.IsCached(2));
+  EXPECT_EQ(m.TakeEvents().size(), 1U);
+  EXPECT_EQ(m.GetBlockIds(1).groups[0].size(), 3U);  // still held
+  EXPECT_TRUE(m.CheckInvariants().ok());
+}
+
+TEST(VllmManager, WithoutPrefixCachingNothingHitsOrIsShared) {
+  KvCacheManager m = KvCacheManager::Create(FullConfig(8), {.enable_caching = false}).value();
+  Request a(1, Iota(12), 4);
+  ASSERT_TRUE(Allocate(m, a, 12, true).ok());
+  Request b(2, Iota(12), 4);
+  EXPECT_EQ(m.GetComputedBlocks(b).value().num_tokens, 0);
+  EXPECT_EQ(m.Stats().num_cached, 0);
+  EXPECT_EQ(m.NumCommonPrefixBlocks(1), (std::vector<int32_t>{0}));
+  m.Free(1);
+  EXPECT_TRUE(m.Idle());
+}
+
 TEST(VllmManager, TheReplayRefusesAConfigMadeForOtherLimits) {
   const Trace trace{TraceRequest{0, 0, {1, 2, 3}, 1, {4}}};
   ReplayOptions o;

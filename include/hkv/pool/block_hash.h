@@ -41,6 +41,10 @@ struct BlockExtraKeys {
 BlockHash HashBlock(const BlockHash& parent, std::span<const int32_t> tokens,
                     const BlockExtraKeys& extra = {});
 
+// The digest of a block identity an engine computed itself (vLLM's chained SHA-256 bytes, say):
+// equal bytes give equal digests, so the engine's rules for what makes two blocks equal hold.
+BlockHash DigestOf(std::span<const unsigned char> engine_hash);
+
 // What the prefix index is keyed by: a digest within one KV group.
 struct PrefixKey {
   BlockHash hash;

@@ -13,7 +13,10 @@
 // index the pool (0 is vLLM's null block). Requests are identified by the caller's ids; the
 // Request object carries the tokens, their block hashes and num_computed_tokens, as vLLM's
 // Request does. Calls with bad arguments (zero new tokens, an unknown request where vLLM would
-// fail, counts out of range) return an error and change nothing.
+// fail, counts out of range, blocks to cache past the request's hashes) return an error and
+// change nothing. With events on, the manager records what vLLM's BlockPool would publish
+// (BlockStored per caching call and group, BlockRemoved per identity dropped, AllBlocksCleared),
+// in its order; an engine adapter turns them into its own event objects.
 #pragma once
 
 #include <cstdint>
@@ -38,9 +41,17 @@ class Request {
   Request(RequestId id, std::span<const int32_t> prompt, int32_t hash_block_size);
   void AppendToken(int32_t token);
 
+  // A request whose block hashes the engine computes (vLLM's own digests, mapped to BlockHash by
+  // the adapter, so extra keys such as LoRA, multimodal items and cache salts count as vLLM
+  // counts them). Tokens are counted, not kept.
+  static Request Hashed(RequestId id, int64_t num_prompt_tokens, int32_t hash_block_size);
+  // The request now has `num_tokens` tokens, and `hashes` follow its known block hashes.
+  void Extend(int64_t num_tokens, std::span<const BlockHash> hashes);
+
   RequestId id() const { return id_; }
-  int64_t num_tokens() const { return static_cast<int64_t>(tokens_.size()); }
+  int64_t num_tokens() const { return num_tokens_; }
   int64_t num_prompt_tokens() const { return num_prompt_tokens_; }
+  // Empty for a Hashed request.
   const std::vector<int32_t>& tokens() const { return tokens_; }
   const std::vector<BlockHash>& block_hashes() const { return hashes_; }
   int32_t hash_block_size() const { return hash_block_size_; }
@@ -51,6 +62,7 @@ class Request {
   RequestId id_;
   int64_t num_prompt_tokens_;
   int32_t hash_block_size_;
+  int64_t num_tokens_ = 0;
   std::vector<int32_t> tokens_;
   std::vector<BlockHash> hashes_;
 };
@@ -71,7 +83,34 @@ struct AllocateArgs {
   int64_t num_new_computed_tokens = 0;
   const ComputedBlocks* new_computed = nullptr;  // from GetComputedBlocks, at admission
   int64_t num_lookahead_tokens = 0;
+  // Tokens a KV connector holds (P/D, offload): they get blocks but are neither hit nor cached
+  // by this call.
+  int64_t num_external_computed_tokens = 0;
+  // P/D: blocks will be filled by a transfer later; cache nothing now.
+  bool delay_cache_blocks = false;
   bool full_sequence_must_fit = false;
+};
+
+struct ManagerOptions {
+  bool enable_caching = true;  // vLLM's enable_prefix_caching
+  bool record_events = false;  // enable_kv_cache_events
+};
+
+// What vLLM's BlockPool queues for take_events, in ids rather than hashes: the adapter knows the
+// request, and so its hashes, token ids and extra keys.
+struct CacheEvent {
+  enum class Kind : unsigned char { kStored, kRemoved, kAllCleared };
+  Kind kind = Kind::kStored;
+  int32_t group = -1;     // kStored, kRemoved
+  RequestId request = 0;  // kStored
+  int32_t block_size = 0;
+  // kStored: blocks [first_block, end_block) of the group's table became full in one caching
+  // call (the event's token range); `blocks` are those given an identity (null and masked
+  // blocks are skipped, as vLLM skips them), `indices` their positions in the table.
+  int64_t first_block = 0, end_block = 0;
+  std::vector<int32_t> blocks;
+  std::vector<int64_t> indices;
+  // kRemoved: `blocks` holds the one block whose identity was dropped.
 };
 
 struct PoolStats {
@@ -82,7 +121,8 @@ struct PoolStats {
 
 class KvCacheManager {
  public:
-  static Result<KvCacheManager> Create(const KvCacheConfig& config);
+  static Result<KvCacheManager> Create(const KvCacheConfig& config,
+                                       const ManagerOptions& options = {});
   KvCacheManager(KvCacheManager&&) noexcept;
   KvCacheManager& operator=(KvCacheManager&&) noexcept;
   ~KvCacheManager();
@@ -102,6 +142,14 @@ class KvCacheManager {
   // free: a request's blocks return to the free queue, tail first. Unknown ids are a no-op, as
   // in vLLM (a request that was never allocated holds nothing).
   void Free(RequestId id);
+  // cache_blocks: caches the request's full blocks up to num_computed_tokens (no-op with
+  // caching off). kInvalidArgument past the request's tokens or hashes.
+  Status CacheBlocks(const Request& request, int64_t num_computed_tokens);
+  // remove_skipped_blocks: blocks left behind a window (or a superseded Mamba state) go back.
+  void RemoveSkippedBlocks(RequestId id, int64_t total_computed_tokens);
+  // evict_blocks: drops the identities of these blocks (held ones stay held). kInvalidArgument,
+  // naming the id, when one is out of range; nothing is evicted then.
+  Status EvictBlocks(std::span<const int32_t> block_ids);
   void NewStepStarts();
   std::vector<int32_t> NumCommonPrefixBlocks(RequestId id) const;
   GroupBlocks GetBlockIds(RequestId id) const;
@@ -110,6 +158,14 @@ class KvCacheManager {
   // reset_prefix_cache: false (nothing changed) while any block is held.
   bool ResetPrefixCache();
   PoolStats Stats() const;
+  // No request holds a block or a caching record in any group (what vLLM's empty req_to_blocks
+  // and num_cached_block maps say after every request is freed).
+  bool Idle() const;
+  // Whether the block holds a prefix identity (vLLM: block.block_hash is not None). False for
+  // ids out of range.
+  bool IsCached(int32_t block) const;
+  // Events recorded since the last call, oldest first (none unless ManagerOptions::record_events).
+  std::vector<CacheEvent> TakeEvents();
   // Free queue from first-evicted to last (tests).
   std::vector<int32_t> FreeQueue() const;
   // Ref counts equal holders, the free queue holds exactly the unheld blocks, the prefix map

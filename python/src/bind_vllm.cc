@@ -1,0 +1,440 @@
+// VllmCore: vllm::KvCacheManager (vLLM v1's manager restated in C++) with the request records an
+// engine adapter needs, in plain ints, lists and bytes. `hybridkv.vllm` wraps it in vLLM's own
+// classes; nothing here imports vLLM.
+//
+// Calls keep the GIL: each is a few microseconds, which is less than releasing and retaking it
+// would cost, and holding it serialises Python threads on the manager without a lock.
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <hkv/vllm/kv_cache_manager.h>
+
+#include "bindings.h"
+#include "status_error.h"
+
+namespace py = pybind11;
+
+namespace hkv::python {
+namespace {
+
+using vllm::RequestId;
+
+// One group as the adapter reads it off vLLM's KVCacheSpec.
+struct GroupSpec {
+  std::string kind;  // full_attention, mla, sliding_window, chunked_local, mamba
+  int32_t block_size = 0;
+  int32_t sliding_window = 0;
+  int32_t attention_chunk_size = 0;
+  std::string mamba_cache_mode = "all";
+};
+
+Result<vllm::KvCacheSpec> ToSpec(const GroupSpec& g) {
+  vllm::KvCacheSpec s;
+  s.block_size = g.block_size;
+  if (g.kind == "full_attention") {
+    s.type = vllm::SpecType::kFullAttention;
+  } else if (g.kind == "mla") {
+    s.type = vllm::SpecType::kMla;
+  } else if (g.kind == "sliding_window") {
+    s.type = vllm::SpecType::kSlidingWindow;
+    s.sliding_window = g.sliding_window;
+    if (g.sliding_window < 1)
+      return Status::InvalidArgument(
+          fmt::format("sliding window {}; at least 1", g.sliding_window));
+  } else if (g.kind == "chunked_local") {
+    s.type = vllm::SpecType::kChunkedLocal;
+    s.attention_chunk_size = g.attention_chunk_size;
+    if (g.attention_chunk_size < 1) {
+      return Status::InvalidArgument(
+          fmt::format("attention chunk size {}; at least 1", g.attention_chunk_size));
+    }
+  } else if (g.kind == "mamba") {
+    s.type = vllm::SpecType::kMamba;
+    HKV_ASSIGN_OR_RETURN(s.mamba_cache_mode, vllm::ParseMambaCacheMode(g.mamba_cache_mode));
+    if (s.mamba_cache_mode == vllm::MambaCacheMode::kAuto) {
+      return Status::InvalidArgument("a mamba group needs mamba_cache_mode 'all' or 'align'");
+    }
+  } else {
+    return Status::Unsupported(fmt::format(
+        "group kind '{}': expected full_attention, mla, sliding_window, chunked_local or mamba",
+        g.kind));
+  }
+  return s;
+}
+
+py::tuple ToTuple(const vllm::GroupBlocks& b) {
+  py::tuple t(b.groups.size());
+  for (size_t g = 0; g < b.groups.size(); ++g)
+    t[g] = py::cast(b.groups[g]);
+  return t;
+}
+
+class VllmCore {
+ public:
+  VllmCore(const std::vector<GroupSpec>& groups, int32_t num_blocks, int32_t hash_block_size,
+           int64_t max_model_len, int64_t max_num_batched_tokens, bool enable_caching,
+           bool enable_events) {
+    vllm::KvCacheConfig c;
+    for (size_t i = 0; i < groups.size(); ++i) {
+      Result<vllm::KvCacheSpec> s = ToSpec(groups[i]);
+      if (!s.ok()) {
+        Check(Status(s.status().code(),
+                     fmt::format("vllm core: group {}: {}", i, s.status().message())));
+      }
+      if (s->type == vllm::SpecType::kMamba) {
+        c.has_mamba = true;
+        c.mamba_cache_mode = s->mamba_cache_mode;
+      }
+      c.groups.push_back({*s, {static_cast<int32_t>(i)}});
+    }
+    c.num_blocks = num_blocks;
+    c.hash_block_size = hash_block_size;
+    c.cache_block_size = c.scheduler_block_size = groups.empty() ? 0 : groups[0].block_size;
+    c.max_model_len = max_model_len;
+    c.max_num_batched_tokens = max_num_batched_tokens;
+    m_.emplace(Value(vllm::KvCacheManager::Create(
+        c, {.enable_caching = enable_caching, .record_events = enable_events})));
+  }
+
+  // A request is known from its first call on; `hashes` are its block hashes past those already
+  // given (bytes, any length).
+  vllm::Request& Sync(RequestId id, int64_t num_tokens, const py::list& hashes) {
+    auto it = requests_.find(id);
+    if (it == requests_.end()) {
+      it =
+          requests_.emplace(id, vllm::Request::Hashed(id, num_tokens, m_->config().hash_block_size))
+              .first;
+    }
+    vllm::Request& r = it->second;
+    const size_t known = r.block_hashes().size();
+    const auto n = static_cast<size_t>(PyList_GET_SIZE(hashes.ptr()));
+    scratch_.clear();
+    for (size_t i = known; i < n; ++i) {
+      PyObject* h = PyList_GET_ITEM(hashes.ptr(), static_cast<Py_ssize_t>(i));
+      char* data = nullptr;
+      Py_ssize_t size = 0;
+      if (PyBytes_AsStringAndSize(h, &data, &size) != 0) throw py::error_already_set();
+      scratch_.push_back(
+          DigestOf({reinterpret_cast<const unsigned char*>(data), static_cast<size_t>(size)}));
+    }
+    if (n < known) {
+      Check(Status::InvalidArgument(
+          fmt::format("vllm core: request {} had {} block hashes, now {}: hashes are append-only",
+                      id, known, n)));
+    }
+    r.Extend(num_tokens, scratch_);
+    return r;
+  }
+
+  // free: the blocks go back and the request's record is forgotten.
+  void Free(RequestId id) {
+    m_->Free(id);
+    requests_.erase(id);
+  }
+
+  py::tuple GetComputedBlocks(RequestId id, int64_t num_tokens, const py::list& hashes) {
+    const vllm::ComputedBlocks hit = Value(m_->GetComputedBlocks(Sync(id, num_tokens, hashes)));
+    if (hit.blocks.empty()) return py::make_tuple(py::tuple(), 0);
+    return py::make_tuple(ToTuple(hit.blocks), hit.num_tokens);
+  }
+
+  py::object AllocateSlots(RequestId id, int64_t num_tokens, const py::list& hashes,
+                           int64_t num_computed_tokens, int64_t num_new_tokens,
+                           int64_t num_new_computed_tokens,
+                           const std::optional<std::vector<std::vector<int32_t>>>& new_computed,
+                           int64_t num_lookahead_tokens, int64_t num_external_computed_tokens,
+                           bool delay_cache_blocks, bool full_sequence_must_fit) {
+    vllm::Request& r = Sync(id, num_tokens, hashes);
+    vllm::ComputedBlocks hit;
+    vllm::AllocateArgs a;
+    a.num_new_tokens = num_new_tokens;
+    a.num_new_computed_tokens = num_new_computed_tokens;
+    if (new_computed.has_value()) {
+      hit.blocks.groups = *new_computed;
+      a.new_computed = &hit;
+    }
+    a.num_lookahead_tokens = num_lookahead_tokens;
+    a.num_external_computed_tokens = num_external_computed_tokens;
+    a.delay_cache_blocks = delay_cache_blocks;
+    a.full_sequence_must_fit = full_sequence_must_fit;
+    r.num_computed_tokens = num_computed_tokens;
+    const Status st = m_->AllocateSlots(r, a, &out_);
+    if (st.code() == StatusCode::kResourceExhausted) return py::none();
+    Check(st);
+    if (out_.empty()) return py::tuple();  // the caller hands out its shared empty blocks
+    return ToTuple(out_);
+  }
+
+  void CacheBlocks(RequestId id, int64_t num_tokens, const py::list& hashes,
+                   int64_t num_computed_tokens) {
+    Check(m_->CacheBlocks(Sync(id, num_tokens, hashes), num_computed_tokens));
+  }
+
+  py::tuple BlockIds(RequestId id) const { return ToTuple(m_->GetBlockIds(id)); }
+
+  // Events as tuples: ("stored", group, request, block_size, first, end, blocks, indices),
+  // ("removed", group, block), ("cleared",).
+  py::list TakeEvents() {
+    py::list out;
+    for (const vllm::CacheEvent& e : m_->TakeEvents()) {
+      switch (e.kind) {
+        case vllm::CacheEvent::Kind::kStored:
+          out.append(py::make_tuple("stored", e.group, e.request, e.block_size, e.first_block,
+                                    e.end_block, e.blocks, e.indices));
+          break;
+        case vllm::CacheEvent::Kind::kRemoved:
+          out.append(py::make_tuple("removed", e.group, e.blocks.front()));
+          break;
+        case vllm::CacheEvent::Kind::kAllCleared:
+          out.append(py::make_tuple("cleared"));
+          break;
+      }
+    }
+    return out;
+  }
+
+  vllm::KvCacheManager& m() { return *m_; }
+  const vllm::KvCacheManager& m() const { return *m_; }
+  size_t num_requests() const { return requests_.size(); }
+
+ private:
+  std::optional<vllm::KvCacheManager> m_;
+  std::unordered_map<RequestId, vllm::Request> requests_;
+  std::vector<BlockHash> scratch_;
+  vllm::GroupBlocks out_;
+};
+
+// The hot call, as a C function: vLLM's scheduler calls allocate_slots once per running request
+// per step, and the adapter's Python frame plus pybind11's argument conversion cost more than the
+// manager's own work. `MakeFastAllocate` returns a builtin taking vLLM's exact signature; it
+// serves the common case (a known request, no new hit blocks, no encoder tokens, events off)
+// and hands every other call to the adapter's Python implementation, unchanged.
+struct FastAllocate {
+  py::object core;   // VllmCore
+  py::object ids;    // dict: vLLM request id -> int id (the adapter's own)
+  py::object empty;  // the adapter's empty KVCacheBlocks
+  py::object wrap;   // ids tuple -> KVCacheBlocks
+  py::object slow;   // the adapter's Python allocate_slots
+  py::object name_request_id, name_num_tokens, name_block_hashes, name_num_computed;
+};
+
+constexpr const char* kAllocateArgs[] = {"request",
+                                         "num_new_tokens",
+                                         "num_new_computed_tokens",
+                                         "new_computed_blocks",
+                                         "num_lookahead_tokens",
+                                         "num_external_computed_tokens",
+                                         "delay_cache_blocks",
+                                         "num_encoder_tokens",
+                                         "full_sequence_must_fit"};
+constexpr Py_ssize_t kNumAllocateArgs = 9;
+
+PyObject* CallSlow(FastAllocate& f, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+  return PyObject_Vectorcall(f.slow.ptr(), args, nargsf, kwnames);
+}
+
+// Reads an int64 that must be a Python int; false (no exception) when it is not one.
+bool ReadInt(PyObject* o, int64_t* out) {
+  if (!PyLong_Check(o)) return false;
+  const long long v = PyLong_AsLongLong(o);
+  if (v == -1 && PyErr_Occurred()) {
+    PyErr_Clear();
+    return false;
+  }
+  *out = v;
+  return true;
+}
+
+PyObject* FastAllocateCall(PyObject* self, PyObject* const* args, size_t nargsf,
+                           PyObject* kwnames) {
+  auto& f = *static_cast<FastAllocate*>(PyCapsule_GetPointer(self, nullptr));
+  const Py_ssize_t npos = PyVectorcall_NARGS(nargsf);
+  PyObject* a[kNumAllocateArgs] = {};
+  if (npos > kNumAllocateArgs) return CallSlow(f, args, nargsf, kwnames);
+  for (Py_ssize_t i = 0; i < npos; ++i)
+    a[i] = args[i];
+  if (kwnames != nullptr) {
+    const Py_ssize_t nkw = PyTuple_GET_SIZE(kwnames);
+    for (Py_ssize_t k = 0; k < nkw; ++k) {
+      const char* name = PyUnicode_AsUTF8(PyTuple_GET_ITEM(kwnames, k));
+      Py_ssize_t slot = -1;
+      for (Py_ssize_t i = 0; name != nullptr && i < kNumAllocateArgs; ++i) {
+        if (std::strcmp(name, kAllocateArgs[i]) == 0) slot = i;
+      }
+      if (slot < 0 || a[slot] != nullptr) return CallSlow(f, args, nargsf, kwnames);
+      a[slot] = args[npos + k];
+    }
+  }
+  if (a[0] == nullptr || a[1] == nullptr) return CallSlow(f, args, nargsf, kwnames);
+  // Anything but the plain running-request call goes to the Python implementation.
+  int64_t num_new = 0, zero = 0;
+  if (!ReadInt(a[1], &num_new) || num_new <= 0) return CallSlow(f, args, nargsf, kwnames);
+  for (const int i : {2, 4, 5, 7}) {
+    if (a[i] != nullptr && (!ReadInt(a[i], &zero) || zero != 0))
+      return CallSlow(f, args, nargsf, kwnames);
+  }
+  if ((a[3] != nullptr && a[3] != Py_None) || (a[6] != nullptr && a[6] != Py_False) ||
+      (a[8] != nullptr && a[8] != Py_False)) {
+    return CallSlow(f, args, nargsf, kwnames);
+  }
+  PyObject* request = a[0];
+  PyObject* req_id = PyObject_GetAttr(request, f.name_request_id.ptr());
+  if (req_id == nullptr) return nullptr;
+  PyObject* rid_obj = PyDict_GetItemWithError(f.ids.ptr(), req_id);  // borrowed
+  Py_DECREF(req_id);
+  if (rid_obj == nullptr) {
+    if (PyErr_Occurred()) return nullptr;
+    return CallSlow(f, args, nargsf, kwnames);  // first sight: the slow path assigns the id
+  }
+  int64_t rid = 0, num_tokens = 0, num_computed = 0;
+  ReadInt(rid_obj, &rid);
+  py::object nt =
+      py::reinterpret_steal<py::object>(PyObject_GetAttr(request, f.name_num_tokens.ptr()));
+  py::object nc =
+      py::reinterpret_steal<py::object>(PyObject_GetAttr(request, f.name_num_computed.ptr()));
+  py::object hashes =
+      py::reinterpret_steal<py::object>(PyObject_GetAttr(request, f.name_block_hashes.ptr()));
+  if (!nt || !nc || !hashes) return nullptr;
+  if (!ReadInt(nt.ptr(), &num_tokens) || !ReadInt(nc.ptr(), &num_computed) ||
+      !PyList_Check(hashes.ptr())) {
+    return CallSlow(f, args, nargsf, kwnames);
+  }
+  try {
+    auto& core = f.core.cast<VllmCore&>();
+    py::object ids = core.AllocateSlots(rid, num_tokens, py::reinterpret_borrow<py::list>(hashes),
+                                        num_computed, num_new, 0, std::nullopt, 0, 0, false, false);
+    if (ids.is_none()) return ids.release().ptr();
+    if (PyTuple_GET_SIZE(ids.ptr()) == 0) return f.empty.inc_ref().ptr();
+    return f.wrap(ids).release().ptr();
+  } catch (...) {
+    // A refused call changes nothing, so the Python implementation can make it again and raise
+    // the library's own exception class with its message.
+    PyErr_Clear();
+    return CallSlow(f, args, nargsf, kwnames);
+  }
+}
+
+PyMethodDef kFastAllocateDef = {
+    "allocate_slots",
+    reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&FastAllocateCall)),
+    METH_FASTCALL | METH_KEYWORDS,
+    "allocate_slots (vLLM's signature), served in C for running "
+    "requests."};
+
+py::object MakeFastAllocate(py::object core, py::object ids, py::object empty, py::object wrap,
+                            py::object slow) {
+  auto* f = new FastAllocate{
+      std::move(core),       std::move(ids),          std::move(empty),
+      std::move(wrap),       std::move(slow),         py::str("request_id"),
+      py::str("num_tokens"), py::str("block_hashes"), py::str("num_computed_tokens")};
+  PyObject* capsule = PyCapsule_New(f, nullptr, [](PyObject* c) {
+    delete static_cast<FastAllocate*>(PyCapsule_GetPointer(c, nullptr));
+  });
+  if (capsule == nullptr) {
+    delete f;
+    throw py::error_already_set();
+  }
+  PyObject* fn = PyCFunction_NewEx(&kFastAllocateDef, capsule, nullptr);
+  Py_DECREF(capsule);
+  if (fn == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(fn);
+}
+
+}  // namespace
+
+void BindVllm(py::module_& m) {
+  py::class_<VllmCore>(
+      m, "VllmCore",
+      "vLLM v1's KV cache manager restated in C++ (block for block: same ids, hits, evictions and "
+      "events), driven with ints, lists and bytes. `hybridkv.vllm.KVCacheManager` wraps it in "
+      "vLLM's own classes. Groups are (kind, block_size, sliding_window, attention_chunk_size, "
+      "mamba_cache_mode) with kind one of full_attention, mla, sliding_window, chunked_local, "
+      "mamba. Block ids index vLLM's KV tensors; 0 is the null block.")
+      .def(
+          py::init(
+              [](const std::vector<std::tuple<std::string, int32_t, int32_t, int32_t, std::string>>&
+                     groups,
+                 int32_t num_blocks, int32_t hash_block_size, int64_t max_model_len,
+                 int64_t max_num_batched_tokens, bool enable_caching, bool enable_events) {
+                std::vector<GroupSpec> specs;
+                for (const auto& [kind, bs, window, chunk, mode] : groups)
+                  specs.push_back({kind, bs, window, chunk, mode});
+                return VllmCore(specs, num_blocks, hash_block_size, max_model_len,
+                                max_num_batched_tokens, enable_caching, enable_events);
+              }),
+          py::arg("groups"), py::arg("num_blocks"), py::arg("hash_block_size"),
+          py::arg("max_model_len"), py::arg("max_num_batched_tokens"),
+          py::arg("enable_caching") = true, py::arg("enable_events") = false)
+      .def(
+          "sync",
+          [](VllmCore& c, RequestId id, int64_t num_tokens, const py::list& hashes) {
+            c.Sync(id, num_tokens, hashes);
+          },
+          py::arg("request"), py::arg("num_tokens"), py::arg("block_hashes"),
+          "Creates or extends a request's record: its token count and its block hashes (a "
+          "list of bytes; those past the ones already seen are read). Every call that takes a "
+          "request syncs it the same way. Hashes are append-only.")
+      .def("get_computed_blocks", &VllmCore::GetComputedBlocks, py::arg("request"),
+           py::arg("num_tokens"), py::arg("block_hashes"),
+           "get_computed_blocks: (block ids per group, hit tokens); () for no hit.")
+      .def("allocate_slots", &VllmCore::AllocateSlots, py::arg("request"), py::arg("num_tokens"),
+           py::arg("block_hashes"), py::arg("num_computed_tokens"), py::arg("num_new_tokens"),
+           py::arg("num_new_computed_tokens") = 0, py::arg("new_computed_blocks") = py::none(),
+           py::arg("num_lookahead_tokens") = 0, py::arg("num_external_computed_tokens") = 0,
+           py::arg("delay_cache_blocks") = false, py::arg("full_sequence_must_fit") = false,
+           "allocate_slots: the new block ids per group, () when no block was needed, None when "
+           "the free blocks do not suffice (vLLM's refusal).")
+      .def("free", &VllmCore::Free, py::arg("request"),
+           "free: the request's blocks return to the free queue (tail first) and its record is "
+           "forgotten.")
+      .def("cache_blocks", &VllmCore::CacheBlocks, py::arg("request"), py::arg("num_tokens"),
+           py::arg("block_hashes"), py::arg("num_computed_tokens"))
+      .def(
+          "remove_skipped_blocks",
+          [](VllmCore& c, RequestId id, int64_t n) { c.m().RemoveSkippedBlocks(id, n); },
+          py::arg("request"), py::arg("total_computed_tokens"))
+      .def(
+          "evict_blocks",
+          [](VllmCore& c, const std::vector<int32_t>& ids) { Check(c.m().EvictBlocks(ids)); },
+          py::arg("block_ids"))
+      .def("reset_prefix_cache", [](VllmCore& c) { return c.m().ResetPrefixCache(); })
+      .def(
+          "num_common_prefix_blocks",
+          [](const VllmCore& c, RequestId id) { return c.m().NumCommonPrefixBlocks(id); },
+          py::arg("request"))
+      .def("block_ids", &VllmCore::BlockIds, py::arg("request"))
+      .def("take_new_block_ids", [](VllmCore& c) { return c.m().TakeNewBlockIds(); })
+      .def("new_step_starts", [](VllmCore& c) { c.m().NewStepStarts(); })
+      .def("take_events", &VllmCore::TakeEvents)
+      .def(
+          "is_cached", [](const VllmCore& c, int32_t block) { return c.m().IsCached(block); },
+          py::arg("block_id"), "Whether the block holds a prefix identity.")
+      .def("free_queue", [](const VllmCore& c) { return c.m().FreeQueue(); })
+      .def("check_invariants", [](const VllmCore& c) { Check(c.m().CheckInvariants()); })
+      .def_property_readonly("num_blocks",
+                             [](const VllmCore& c) { return c.m().Stats().num_blocks; })
+      .def_property_readonly("num_free_blocks",
+                             [](const VllmCore& c) { return c.m().Stats().num_free; })
+      .def_property_readonly("num_cached_blocks",
+                             [](const VllmCore& c) { return c.m().Stats().num_cached; })
+      .def_property_readonly("num_requests", &VllmCore::num_requests)
+      .def_static("fast_allocate", &MakeFastAllocate, py::arg("core"), py::arg("ids"),
+                  py::arg("empty"), py::arg("wrap"), py::arg("slow"),
+                  "A builtin with allocate_slots' signature that serves running requests in C "
+                  "and passes every other call to `slow`.")
+      .def_property_readonly(
+          "idle", [](const VllmCore& c) { return c.m().Idle(); },
+          "No request holds a block or a caching record.");
+}
+
+}  // namespace hkv::python

@@ -1,0 +1,1 @@
+# Stub package (real one imports quantization kernels).
