@@ -216,11 +216,12 @@ class VllmCore {
 
 // The hot call, as a C function: vLLM's scheduler calls allocate_slots once per running request
 // per step, and the adapter's Python frame plus pybind11's argument conversion cost more than the
-// manager's own work. `MakeFastAllocate` returns a builtin taking vLLM's exact signature; it
+// manager's own work. `MakeFastCalls` returns a builtin taking vLLM's exact signature; it
 // serves the common case (a known request, no new hit blocks, no encoder tokens, events off)
 // and hands every other call to the adapter's Python implementation, unchanged.
 struct FastAllocate {
-  py::object core;   // VllmCore
+  py::object core;  // VllmCore (kept alive by this reference)
+  VllmCore* raw = nullptr;
   py::object ids;    // dict: vLLM request id -> int id (the adapter's own)
   py::object empty;  // the adapter's empty KVCacheBlocks
   py::object wrap;   // ids tuple -> KVCacheBlocks
@@ -310,9 +311,9 @@ PyObject* FastAllocateCall(PyObject* self, PyObject* const* args, size_t nargsf,
     return CallSlow(f, args, nargsf, kwnames);
   }
   try {
-    auto& core = f.core.cast<VllmCore&>();
-    py::object ids = core.AllocateSlots(rid, num_tokens, py::reinterpret_borrow<py::list>(hashes),
-                                        num_computed, num_new, 0, std::nullopt, 0, 0, false, false);
+    py::object ids =
+        f.raw->AllocateSlots(rid, num_tokens, py::reinterpret_borrow<py::list>(hashes),
+                             num_computed, num_new, 0, std::nullopt, 0, 0, false, false);
     if (ids.is_none()) return ids.release().ptr();
     if (PyTuple_GET_SIZE(ids.ptr()) == 0) return f.empty.inc_ref().ptr();
     return f.wrap(ids).release().ptr();
@@ -331,23 +332,69 @@ PyMethodDef kFastAllocateDef = {
     "allocate_slots (vLLM's signature), served in C for running "
     "requests."};
 
-py::object MakeFastAllocate(py::object core, py::object ids, py::object empty, py::object wrap,
-                            py::object slow) {
-  auto* f = new FastAllocate{
-      std::move(core),       std::move(ids),          std::move(empty),
-      std::move(wrap),       std::move(slow),         py::str("request_id"),
-      py::str("num_tokens"), py::str("block_hashes"), py::str("num_computed_tokens")};
-  PyObject* capsule = PyCapsule_New(f, nullptr, [](PyObject* c) {
+PyObject* FastNewStepStarts(PyObject* self, PyObject* /*unused*/) {
+  static_cast<FastAllocate*>(PyCapsule_GetPointer(self, nullptr))->raw->m().NewStepStarts();
+  Py_RETURN_NONE;
+}
+
+PyObject* ToList(const std::vector<int32_t>& v) {
+  PyObject* list = PyList_New(static_cast<Py_ssize_t>(v.size()));
+  if (list == nullptr) return nullptr;
+  for (size_t i = 0; i < v.size(); ++i)
+    PyList_SET_ITEM(list, static_cast<Py_ssize_t>(i), PyLong_FromLong(v[i]));
+  return list;
+}
+
+PyObject* FastTakeNewBlockIds(PyObject* self, PyObject* /*unused*/) {
+  auto& f = *static_cast<FastAllocate*>(PyCapsule_GetPointer(self, nullptr));
+  return ToList(f.raw->m().TakeNewBlockIds());
+}
+
+PyObject* FastCommonPrefix(PyObject* self, PyObject* request_id) {
+  auto& f = *static_cast<FastAllocate*>(PyCapsule_GetPointer(self, nullptr));
+  PyObject* rid_obj = PyDict_GetItemWithError(f.ids.ptr(), request_id);  // borrowed
+  int64_t rid = 0;
+  if (rid_obj == nullptr) {
+    if (PyErr_Occurred()) return nullptr;
+    // A request vLLM's manager never saw answers 0 for every group.
+    return ToList(std::vector<int32_t>(f.raw->m().config().groups.size(), 0));
+  }
+  ReadInt(rid_obj, &rid);
+  return ToList(f.raw->m().NumCommonPrefixBlocks(rid));
+}
+
+PyMethodDef kFastNewStepDef = {"new_step_starts", &FastNewStepStarts, METH_NOARGS,
+                               "new_step_starts"};
+PyMethodDef kFastTakeNewDef = {"take_new_block_ids", &FastTakeNewBlockIds, METH_NOARGS,
+                               "take_new_block_ids"};
+PyMethodDef kFastCommonDef = {"get_num_common_prefix_blocks", &FastCommonPrefix, METH_O,
+                              "get_num_common_prefix_blocks(running_request_id)"};
+
+// The adapter's per-step calls as builtins over one shared state: (allocate_slots,
+// new_step_starts, get_num_common_prefix_blocks, take_new_block_ids).
+py::tuple MakeFastCalls(py::object core, py::object ids, py::object empty, py::object wrap,
+                        py::object slow) {
+  VllmCore* raw = &core.cast<VllmCore&>();
+  auto* f = new FastAllocate{std::move(core),         raw,
+                             std::move(ids),          std::move(empty),
+                             std::move(wrap),         std::move(slow),
+                             py::str("request_id"),   py::str("num_tokens"),
+                             py::str("block_hashes"), py::str("num_computed_tokens")};
+  py::object capsule = py::reinterpret_steal<py::object>(PyCapsule_New(f, nullptr, [](PyObject* c) {
     delete static_cast<FastAllocate*>(PyCapsule_GetPointer(c, nullptr));
-  });
-  if (capsule == nullptr) {
+  }));
+  if (!capsule) {
     delete f;
     throw py::error_already_set();
   }
-  PyObject* fn = PyCFunction_NewEx(&kFastAllocateDef, capsule, nullptr);
-  Py_DECREF(capsule);
-  if (fn == nullptr) throw py::error_already_set();
-  return py::reinterpret_steal<py::object>(fn);
+  py::tuple out(4);
+  PyMethodDef* defs[] = {&kFastAllocateDef, &kFastNewStepDef, &kFastCommonDef, &kFastTakeNewDef};
+  for (size_t i = 0; i < 4; ++i) {
+    PyObject* fn = PyCFunction_NewEx(defs[i], capsule.ptr(), nullptr);
+    if (fn == nullptr) throw py::error_already_set();
+    out[i] = py::reinterpret_steal<py::object>(fn);
+  }
+  return out;
 }
 
 }  // namespace
@@ -428,10 +475,12 @@ void BindVllm(py::module_& m) {
       .def_property_readonly("num_cached_blocks",
                              [](const VllmCore& c) { return c.m().Stats().num_cached; })
       .def_property_readonly("num_requests", &VllmCore::num_requests)
-      .def_static("fast_allocate", &MakeFastAllocate, py::arg("core"), py::arg("ids"),
-                  py::arg("empty"), py::arg("wrap"), py::arg("slow"),
-                  "A builtin with allocate_slots' signature that serves running requests in C "
-                  "and passes every other call to `slow`.")
+      .def_static("fast_calls", &MakeFastCalls, py::arg("core"), py::arg("ids"), py::arg("empty"),
+                  py::arg("wrap"), py::arg("slow"),
+                  "Builtins for the per-step calls, with vLLM's signatures: (allocate_slots, "
+                  "new_step_starts, get_num_common_prefix_blocks, take_new_block_ids). "
+                  "allocate_slots serves running requests in C and passes every other call to "
+                  "`slow`; `ids` maps vLLM request ids to the core's.")
       .def_property_readonly(
           "idle", [](const VllmCore& c) { return c.m().Idle(); },
           "No request holds a block or a caching record.");

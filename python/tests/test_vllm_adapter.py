@@ -127,8 +127,8 @@ def test_unsupported_configurations_are_refused_by_name():
         manager(use_eagle=True)
     with pytest.raises(NotImplementedError, match="metrics"):
         manager(metrics_collector=object())
-    with pytest.raises(NotImplementedError, match="mamba_cache_mode 'none'"):
-        manager(spec("MambaSpec", 4, mamba_cache_mode="none"))
+    with pytest.raises(NotImplementedError, match="mamba_cache_mode 'auto'"):
+        manager(spec("MambaSpec", 4, mamba_cache_mode="auto"))
     with pytest.raises(hybridkv.InvalidArgumentError, match="sliding window 0"):
         manager(spec("SlidingWindowSpec", 4, sliding_window=0))
     m = manager()
@@ -144,8 +144,8 @@ def test_bad_calls_raise_and_change_nothing():
     before = (m._core.free_queue(), m.get_block_ids("a"))
     with pytest.raises(ValueError, match="num_new_tokens must be greater than 0"):
         m.allocate_slots(r, 0)
-    with pytest.raises(hybridkv.InvalidArgumentError, match="exceed its 10 tokens"):
-        m.allocate_slots(r, 5)  # through the C fast path: 10 computed + 5 > 10 tokens
+    with pytest.raises(hybridkv.InvalidArgumentError, match="-2 new tokens"):
+        m.allocate_slots(r, -2)  # the C fast path hands it to Python, which raises
     with pytest.raises(hybridkv.InvalidArgumentError, match="-1 lookahead tokens"):
         m.allocate_slots(r, 1, num_lookahead_tokens=-1)
     with pytest.raises(hybridkv.InvalidArgumentError, match="evict block 9"):
@@ -158,6 +158,18 @@ def test_bad_calls_raise_and_change_nothing():
     m.free(request("never-seen", [1, 2]))  # vLLM: a no-op
     assert m.get_blocks("never-seen") is m.empty_kv_cache_blocks
     assert m.get_num_common_prefix_blocks("never-seen") == [0]
+
+
+def test_slots_past_the_tokens_are_granted_for_drafts_but_not_cached():
+    # vLLM's scheduler asks for draft tokens (and async placeholders) beyond num_tokens.
+    m = manager()
+    r = request("a", list(range(8)))
+    admit(m, r)
+    assert m.allocate_slots(r, 4).get_block_ids() == ([3],)  # 1 token + 3 drafts
+    assert m._core.num_cached_blocks == 2
+    r.num_computed_tokens = 11  # the async scheduler's placeholders run ahead of the tokens
+    assert m.allocate_slots(r, 1) is m.empty_kv_cache_blocks
+    m.check_invariants()
 
 
 def test_a_refusal_returns_none_and_allocates_nothing():

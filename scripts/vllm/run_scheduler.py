@@ -191,9 +191,16 @@ def run_one(name: str, ns, trace: list[dict]) -> dict:
     mgr = scheduler.kv_cache_manager
     timer = Timer()
     wrapped = wrap_manager(mgr, timer)
-    blocks_cls = kvm_mod.KVCacheBlocks
-    orig_gbi = blocks_cls.get_block_ids
-    blocks_cls.get_block_ids = timer.wrap("KVCacheBlocks.get_block_ids", orig_gbi)
+    # KVCacheBlocks.get_block_ids is manager work the scheduler calls on the returned blocks;
+    # a replacement manager's own subclasses (that override it) are timed the same way.
+    blocks_classes = []
+    todo = [kvm_mod.KVCacheBlocks]
+    while todo:
+        cls = todo.pop()
+        todo.extend(cls.__subclasses__())
+        if "get_block_ids" in cls.__dict__:
+            blocks_classes.append((cls, cls.__dict__["get_block_ids"]))
+            cls.get_block_ids = timer.wrap("KVCacheBlocks.get_block_ids", cls.__dict__["get_block_ids"])
 
     pc = time.perf_counter_ns
     pending = deque(trace)
@@ -292,7 +299,8 @@ def run_one(name: str, ns, trace: list[dict]) -> dict:
             steps += 1
             step += 1
     finally:
-        blocks_cls.get_block_ids = orig_gbi
+        for cls, orig in blocks_classes:
+            cls.get_block_ids = orig
         gc.unfreeze()
     wall = time.perf_counter() - wall0
     assert finished == len(trace), (finished, len(trace))

@@ -103,18 +103,107 @@ def parse_junit(path: str, src_root: str) -> list[dict]:
     return rows
 
 
+def run_suite(src: str, files: list[str], manager: str | None, scheduler_cls: str | None,
+              pythonpath: list[str], kexpr: str | None, pytest_args: list[str], timeout: int,
+              junit: str | None = None, start_only: bool = False):
+    """Run pytest over `files` (names under tests/v1/core) with the given replacements.
+    Returns the result dict (see collect()); with start_only, a handle for collect()."""
+    core = os.path.join(src, "tests", "v1", "core")
+    paths = [os.path.join(core, f) for f in files]
+    keep_junit = bool(junit)
+    junit = junit or tempfile.mktemp(suffix=".xml", prefix="hkv_vllm_junit_")
+    swap_rep = tempfile.mktemp(suffix=".json", prefix="hkv_vllm_swap_")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([HERE] + ([env["PYTHONPATH"]]
+                                                  if env.get("PYTHONPATH") else []))
+    env["PYTHONHASHSEED"] = env.get("PYTHONHASHSEED", "0")
+    env["VLLM_SRC"] = src
+    env["HKV_VLLM_SWAP_REPORT"] = swap_rep
+    ppath = [vllm_env.hybridkv_python_dir()] + pythonpath
+    env["HKV_VLLM_PYTHONPATH"] = os.pathsep.join(ppath)
+    env.pop("HKV_VLLM_MANAGER", None)
+    env.pop("HKV_VLLM_SCHEDULER_CLS", None)
+    if manager:
+        env["HKV_VLLM_MANAGER"] = manager
+    if scheduler_cls:
+        env["HKV_VLLM_SCHEDULER_CLS"] = scheduler_cls
+    cmd = [sys.executable, "-m", "pytest", "-p", "hkv_vllm_pytest_plugin",
+           "-p", "no:cacheprovider", "--rootdir", src, "--confcutdir", core,
+           "-q", "-rN", "--tb=short", "--continue-on-collection-errors", f"--junitxml={junit}",
+           "-o", "junit_family=xunit1", "-W", "ignore::ResourceWarning"]
+    if kexpr:
+        cmd += ["-k", kexpr]
+    cmd += pytest_args + paths
+    print("+", " ".join(cmd), flush=True)
+    out_f = tempfile.TemporaryFile(mode="w+")
+    h = dict(proc=subprocess.Popen(cmd, env=env, cwd=src, stdout=out_f,
+                                   stderr=subprocess.STDOUT, text=True),
+             out_f=out_f, t0=time.time(), junit=junit, keep_junit=keep_junit,
+             swap_rep=swap_rep, src=src, files=files, timeout=timeout,
+             manager=manager, scheduler_cls=scheduler_cls, hkv_python=ppath[0])
+    return h if start_only else collect(h)
+
+
+def collect(h: dict) -> dict:
+    """Wait for a run_suite(start_only=True) handle; rows, per-file counts, swap report."""
+    proc = h["proc"]
+    try:
+        proc.wait(timeout=max(1, h["timeout"] - (time.time() - h["t0"])))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    wall = time.time() - h["t0"]
+    h["out_f"].seek(0)
+    stdout = h["out_f"].read()
+    h["out_f"].close()
+    print("\n".join(stdout.strip().splitlines()[-3:]))
+    junit, src = h["junit"], h["src"]
+    if not os.path.exists(junit):
+        print(stdout[-5000:])
+        raise SystemExit(f"pytest wrote no junit xml (rc={proc.returncode})")
+    rows = parse_junit(junit, src)
+    swap = {}
+    if os.path.exists(h["swap_rep"]):
+        with open(h["swap_rep"]) as f:
+            swap = json.load(f)
+        os.unlink(h["swap_rep"])
+    if not h["keep_junit"]:
+        os.unlink(junit)
+    per_file: "OrderedDict[str, Counter]" = OrderedDict()
+    for f in h["files"]:
+        per_file["tests/v1/core/" + f] = Counter()
+    for r in rows:
+        per_file.setdefault(r["file"], Counter())[r["status"]] += 1
+        r["cannot_run_here"] = why_cannot(r["id"]) if r["status"] in (
+            "failed", "error") else ""
+    return dict(rows=rows, per_file=per_file, swap=swap, rc=proc.returncode, wall=wall,
+                manager=h["manager"], scheduler_cls=h["scheduler_cls"],
+                hkv_python=h["hkv_python"])
+
+
+def vllm_commit(src: str) -> str:
+    commit_f = os.path.join(src, "VLLM_COMMIT")
+    return open(commit_f).read().strip() if os.path.exists(commit_f) else "?"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--manager", help="module:Class replacing KVCacheManager")
     ap.add_argument("--scheduler-cls", help="module:Class replacing Scheduler")
+    ap.add_argument("--compare", action="store_true",
+                    help="run twice, vLLM's own classes and the replacements (default "
+                         "hybridkv.vllm:KVCacheManager / hybridkv.vllm:Scheduler), in "
+                         "parallel; write the explained comparison (default "
+                         "docs/vllm_tests.md), see compare_vllm_tests.py")
     ap.add_argument("--pythonpath", action="append", default=[],
                     help="extra import dir for the replacement modules (repeatable; "
                          "the built hybridkv package is always added)")
     ap.add_argument("--files", help="comma list of files under tests/v1/core "
                                     "(default: all of them)")
     ap.add_argument("-k", dest="kexpr", help="pytest -k expression")
-    ap.add_argument("--out", default="vllm_tests.md", help="markdown table")
+    ap.add_argument("--out", help="markdown table (default vllm_tests.md; with --compare "
+                                  "docs/vllm_tests.md of the repository)")
     ap.add_argument("--json-out", help="also write the rows as JSON")
     ap.add_argument("--junit", help="keep pytest's junit XML here")
     ap.add_argument("--timeout", type=int, default=3000, help="seconds for the run")
@@ -126,69 +215,50 @@ def main():
     if not os.path.isdir(core):
         raise SystemExit(f"{core} missing: extract vLLM's tests (see README.md)")
     files = args.files.split(",") if args.files else DEFAULT_FILES
-    paths = [os.path.join(core, f) for f in files]
-    for p in paths:
-        if not os.path.isfile(p):
-            raise SystemExit(f"no such test file: {p}")
-
-    junit = args.junit or tempfile.mktemp(suffix=".xml", prefix="hkv_vllm_junit_")
-    swap_rep = tempfile.mktemp(suffix=".json", prefix="hkv_vllm_swap_")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([HERE] + ([env["PYTHONPATH"]]
-                                                  if env.get("PYTHONPATH") else []))
-    env["PYTHONHASHSEED"] = env.get("PYTHONHASHSEED", "0")
-    env["VLLM_SRC"] = src
-    env["HKV_VLLM_SWAP_REPORT"] = swap_rep
-    ppath = [vllm_env.hybridkv_python_dir()] + args.pythonpath
-    env["HKV_VLLM_PYTHONPATH"] = os.pathsep.join(ppath)
-    env.pop("HKV_VLLM_MANAGER", None)
-    env.pop("HKV_VLLM_SCHEDULER_CLS", None)
-    if args.manager:
-        env["HKV_VLLM_MANAGER"] = args.manager
-    if args.scheduler_cls:
-        env["HKV_VLLM_SCHEDULER_CLS"] = args.scheduler_cls
-    cmd = [sys.executable, "-m", "pytest", "-p", "hkv_vllm_pytest_plugin",
-           "-p", "no:cacheprovider", "--rootdir", src, "--confcutdir", core,
-           "-q", "-rN", "--tb=short", "--continue-on-collection-errors", f"--junitxml={junit}",
-           "-o", "junit_family=xunit1", "-W", "ignore::ResourceWarning"]
-    if args.kexpr:
-        cmd += ["-k", args.kexpr]
-    cmd += args.pytest_args + paths
-    print("+", " ".join(cmd), flush=True)
-    t0 = time.time()
-    proc = subprocess.run(cmd, env=env, cwd=src, timeout=args.timeout,
-                          capture_output=True, text=True)
-    wall = time.time() - t0
-    tail = "\n".join(proc.stdout.strip().splitlines()[-3:])
-    print(tail)
-    if not os.path.exists(junit):
-        print(proc.stdout[-5000:], proc.stderr[-5000:])
-        raise SystemExit(f"pytest wrote no junit xml (rc={proc.returncode})")
-    rows = parse_junit(junit, src)
-    swap = {}
-    if os.path.exists(swap_rep):
-        with open(swap_rep) as f:
-            swap = json.load(f)
-        os.unlink(swap_rep)
-    if not args.junit:
-        os.unlink(junit)
-
-    per_file: "OrderedDict[str, Counter]" = OrderedDict()
     for f in files:
-        per_file["tests/v1/core/" + f] = Counter()
-    for r in rows:
-        per_file.setdefault(r["file"], Counter())[r["status"]] += 1
-        r["cannot_run_here"] = why_cannot(r["id"]) if r["status"] in (
-            "failed", "error") else ""
+        if not os.path.isfile(os.path.join(core, f)):
+            raise SystemExit(f"no such test file: {os.path.join(core, f)}")
+
+    if args.compare:
+        import compare_vllm_tests
+        manager = args.manager or "hybridkv.vllm:KVCacheManager"
+        sched = args.scheduler_cls or "hybridkv.vllm:Scheduler"
+        common = (src, files)
+        rest = (args.pythonpath, args.kexpr, args.pytest_args, args.timeout)
+        hb = run_suite(*common, None, None, *rest, start_only=True)
+        ha = run_suite(*common, manager, sched, *rest, start_only=True)
+        base, adapter = collect(hb), collect(ha)
+        out = args.out or os.path.join(vllm_env.REPO, "docs", "vllm_tests.md")
+        argv = " ".join(([f"HKV_PYTHON={os.environ['HKV_PYTHON']}"]
+                         if os.environ.get("HKV_PYTHON") else [])
+                        + ["/usr/bin/python3", "scripts/vllm/run_vllm_tests.py"]
+                        + sys.argv[1:])
+        text, unexplained = compare_vllm_tests.render(base, adapter, src, vllm_commit(src),
+                                                      argv)
+        with open(out, "w") as f:
+            f.write(text)
+        if args.json_out:
+            with open(args.json_out, "w") as f:
+                json.dump(dict(base=base, adapter=adapter), f, indent=1, default=dict)
+        print(text[:text.find("## Tests that differ")])
+        print(f"wrote {out}")
+        if unexplained:
+            print(f"WARNING: {len(unexplained)} differing test(s) match no explanation in "
+                  "compare_vllm_tests.EXPLAINED:\n  " + "\n  ".join(unexplained))
+            raise SystemExit(2)
+        return
+
+    res = run_suite(src, files, args.manager, args.scheduler_cls, args.pythonpath, args.kexpr,
+                    args.pytest_args, args.timeout, junit=args.junit)
+    rows, per_file, swap, wall = res["rows"], res["per_file"], res["swap"], res["wall"]
+    args.out = args.out or "vllm_tests.md"
 
     out = []
     out.append("# vLLM tests/v1/core on this machine (hybridkv overlay)")
     out.append("")
     out.append(f"- date: {time.strftime('%Y-%m-%d %H:%M:%S %Z')}, wall {wall:.1f} s, "
-               f"pytest rc {proc.returncode}")
-    commit_f = os.path.join(src, "VLLM_COMMIT")
-    commit = open(commit_f).read().strip() if os.path.exists(commit_f) else "?"
-    out.append(f"- vLLM source: `{src}` (commit {commit}); shared stubs: "
+               f"pytest rc {res['rc']}")
+    out.append(f"- vLLM source: `{src}` (commit {vllm_commit(src)}); shared stubs: "
                f"`{vllm_env.shared_stubs()}`")
     out.append(f"- KVCacheManager: `{args.manager or 'vLLM (unswapped)'}`; Scheduler: "
                f"`{args.scheduler_cls or 'vLLM (unswapped)'}`")
@@ -228,7 +298,7 @@ def main():
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(dict(per_file={k: dict(v) for k, v in per_file.items()},
-                           rows=rows, swap=swap, pytest_rc=proc.returncode), f, indent=1)
+                           rows=rows, swap=swap, pytest_rc=res["rc"]), f, indent=1)
     print("\n".join(out[:out.index("## Every test")]))
     print(f"wrote {args.out}")
 

@@ -249,13 +249,10 @@ Status KvCacheManager::AllocateSlots(const Request& request, const AllocateArgs&
   }
   if (a.num_new_tokens == 0 && a.num_external_computed_tokens == 0)
     return bad("0 new tokens and 0 external computed tokens; expected at least 1 new token");
+  // No bound against the request's tokens: vLLM's scheduler asks for slots past them (draft
+  // tokens, the async scheduler's output placeholders); only caching stops at num_tokens, and
+  // slots stop at max_model_len.
   const int64_t local_computed = request.num_computed_tokens + a.num_new_computed_tokens;
-  if (local_computed + a.num_external_computed_tokens + a.num_new_tokens >
-      request.num_tokens() + a.num_lookahead_tokens) {
-    return bad(fmt::format("{} computed + {} external + {} new tokens exceed its {} tokens",
-                           local_computed, a.num_external_computed_tokens, a.num_new_tokens,
-                           request.num_tokens()));
-  }
   HKV_RETURN_IF_ERROR(m.CheckHashBlockSize(request));
   const GroupBlocks* nc = a.new_computed != nullptr && !a.new_computed->blocks.empty()
                               ? &a.new_computed->blocks

@@ -12,11 +12,12 @@
 // vLLM (tests/data/vllm) are replayed against it request by request in the tests. Block ids
 // index the pool (0 is vLLM's null block). Requests are identified by the caller's ids; the
 // Request object carries the tokens, their block hashes and num_computed_tokens, as vLLM's
-// Request does. Calls with bad arguments (zero new tokens, an unknown request where vLLM would
-// fail, counts out of range, blocks to cache past the request's hashes) return an error and
-// change nothing. With events on, the manager records what vLLM's BlockPool would publish
-// (BlockStored per caching call and group, BlockRemoved per identity dropped, AllBlocksCleared),
-// in its order; an engine adapter turns them into its own event objects.
+// Request does. Calls with bad arguments (zero new tokens, negative counts, blocks to cache past
+// the request's hashes) return an error and change nothing; slots past the request's tokens are
+// granted, as vLLM grants them for draft tokens and output placeholders. With events on, the
+// manager records what vLLM's BlockPool would publish (BlockStored per caching call and group,
+// BlockRemoved per identity dropped, AllBlocksCleared), in its order; an engine adapter turns them
+// into its own event objects.
 #pragma once
 
 #include <cstdint>

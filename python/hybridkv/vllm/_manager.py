@@ -44,7 +44,7 @@ class IdBlocks(KVCacheBlocks):
     def get_block_ids(self, allow_none: bool = False):
         if allow_none and not any(self._ids):
             return None
-        return tuple([*g] for g in self._ids)
+        return tuple(map(list, self._ids))  # the caller's own lists, as vLLM returns
 
     def get_unhashed_block_ids(self) -> list[int]:
         assert len(self._ids) == 1, "Only one group is supported"
@@ -87,11 +87,15 @@ def _group_tuple(spec, scale: int) -> tuple:
             f"{', '.join(sorted(SPEC_KINDS))}); run this model with vLLM's own manager")
     mode = "all"
     if kind == "mamba":
-        mode = getattr(spec, "mamba_cache_mode", "all")
+        # vLLM's MambaManager tells only 'align' apart: 'none' (prefix caching off, MambaSpec's
+        # default) follows the same rules as 'all'.
+        mode = getattr(spec, "mamba_cache_mode", "none")
+        if mode == "none":
+            mode = "all"
         if mode not in ("all", "align"):
             raise NotImplementedError(
-                f"hybridkv.vllm: mamba_cache_mode {mode!r} (prefix caching off for Mamba "
-                "layers) is not supported; use 'all' or 'align'")
+                f"hybridkv.vllm: mamba_cache_mode {mode!r} is not one vLLM defines "
+                "('none', 'all', 'align')")
     return (kind, int(spec.block_size) * scale, int(getattr(spec, "sliding_window", 0) or 0),
             int(getattr(spec, "attention_chunk_size", 0) or 0), mode)
 
@@ -211,13 +215,15 @@ class KVCacheManager:
         self._next_id = 1
         self._events: list = []
         self._event_hash: dict[int, bytes] = {}  # cached block -> its hash, for BlockRemoved
-        # The per-step calls without a Python frame: straight to C++ (vLLM's signatures).
-        self.new_step_starts = self._core.new_step_starts
-        self.take_new_block_ids = self._core.take_new_block_ids
+        # The per-step calls without a Python frame: C builtins with vLLM's signatures. The C
+        # allocate_slots cannot queue events, so with events on the Python one serves.
+        fast = VllmCore.fast_calls(self._core, self._ids, self.empty_kv_cache_blocks,
+                                   self._wrap_new, self._allocate_slots)
+        (allocate, self.new_step_starts, self.get_num_common_prefix_blocks,
+         self.take_new_block_ids) = fast
         if not self._events_on:
-            self.allocate_slots = VllmCore.fast_allocate(
-                self._core, self._ids, self.empty_kv_cache_blocks, self._wrap_new,
-                self._allocate_slots)
+            self.allocate_slots = allocate
+            self.take_events = list  # vLLM's block pool answers [] with events off
 
     # -- request ids ------------------------------------------------------------------------
     def _rid(self, request_id: str) -> int:
