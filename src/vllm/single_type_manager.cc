@@ -314,28 +314,24 @@ void SingleTypeManager::AllocateNewComputedBlocks(RequestId id,
     blocks.resize(blocks.size() + static_cast<size_t>(skipped_blocks), kNullBlock);
   blocks.insert(blocks.end(), new_computed.begin(), new_computed.end());
   num_cached_block_[id] = static_cast<int64_t>(blocks.size());
-  if (external <= 0) return;
-  const int64_t n = CeilDiv(total, block_size_) - static_cast<int64_t>(blocks.size());
-  if (n <= 0) return;
-  const size_t first = blocks.size();
-  pool_->GetNewBlocks(static_cast<int32_t>(n), blocks);
-  if (spec_.type == SpecType::kFullAttention)
-    new_block_ids_.insert(new_block_ids_.end(), blocks.begin() + static_cast<std::ptrdiff_t>(first),
-                          blocks.end());
+  if (external > 0) GrowTo(blocks, CeilDiv(total, block_size_), nullptr);
 }
 
 void SingleTypeManager::AllocateNewBlocks(RequestId id, int64_t num_tokens,
                                           int64_t /*num_tokens_main_model*/, BlockList* out) {
-  BlockList& blocks = req_to_blocks_[id];
-  const int64_t num_new = CeilDiv(num_tokens, block_size_) - static_cast<int64_t>(blocks.size());
+  GrowTo(req_to_blocks_[id], CeilDiv(num_tokens, block_size_), out);
+}
+
+void SingleTypeManager::GrowTo(BlockList& blocks, int64_t num_blocks, BlockList* out) {
+  const int64_t num_new = num_blocks - static_cast<int64_t>(blocks.size());
   if (num_new <= 0) return;
   const size_t first = blocks.size();
   pool_->GetNewBlocks(static_cast<int32_t>(num_new), blocks);
+  const auto fresh = blocks.begin() + static_cast<std::ptrdiff_t>(first);
+  // take_new_block_ids reports plain full-attention blocks only (vLLM zeroes those).
   if (spec_.type == SpecType::kFullAttention)
-    new_block_ids_.insert(new_block_ids_.end(), blocks.begin() + static_cast<std::ptrdiff_t>(first),
-                          blocks.end());
-  if (out != nullptr)
-    out->insert(out->end(), blocks.begin() + static_cast<std::ptrdiff_t>(first), blocks.end());
+    new_block_ids_.insert(new_block_ids_.end(), fresh, blocks.end());
+  if (out != nullptr) out->insert(out->end(), fresh, blocks.end());
 }
 
 void SingleTypeManager::CacheFullBlocks(const Request& request, BlockList& blocks,

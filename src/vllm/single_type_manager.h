@@ -86,6 +86,8 @@ class SingleTypeManager {
                       BlockList& found) const;
   void CacheFullBlocks(const Request& request, BlockList& blocks, int64_t num_cached,
                        int64_t num_full, int32_t alignment_tokens);
+  // Appends fresh blocks until `blocks` holds num_blocks; `out` (optional) gets them too.
+  void GrowTo(BlockList& blocks, int64_t num_blocks, BlockList* out);
 
   KvCacheSpec spec_;
   BlockPool* pool_;
