@@ -33,11 +33,11 @@ class FullAttentionManager final : public SingleTypeManager {
   }
 
   int32_t NumCommonPrefixBlocks(RequestId id) const override {
-    const auto it = req_to_blocks_.find(id);
-    if (it == req_to_blocks_.end()) return 0;
+    const auto it = reqs_.find(id);
+    if (it == reqs_.end()) return 0;
     int32_t n = 0;
-    for (const int32_t b : it->second) {
-      if (pool_->ref_cnt(b) != static_cast<int32_t>(req_to_blocks_.size())) break;
+    for (const int32_t b : it->second.blocks) {
+      if (pool_->ref_cnt(b) != static_cast<int32_t>(reqs_.size())) break;
       ++n;
     }
     return n;
@@ -152,7 +152,7 @@ class MambaManager final : public SingleTypeManager {
         it->second >= CeilDiv(num_computed_tokens, block_size_) - 1) {
       return;
     }
-    BlockList& blocks = req_to_blocks_[id];
+    BlockList& blocks = reqs_[id].blocks;
     int32_t& b = blocks[static_cast<size_t>(it->second)];
     if (b != kNullBlock) {
       const int32_t one[1] = {b};
@@ -177,7 +177,7 @@ class MambaManager final : public SingleTypeManager {
     }
     const int64_t required = CeilDiv(num_tokens_main_model, block_size_);
     int64_t num_new = required - static_cast<int64_t>(new_computed.size()) -
-                      static_cast<int64_t>(req_to_blocks_[id].size());
+                      static_cast<int64_t>(reqs_[id].blocks.size());
     if (num_new > 0) num_new = 1;
     return num_new + NumEvictable(new_computed);
   }
@@ -188,7 +188,7 @@ class MambaManager final : public SingleTypeManager {
       SingleTypeManager::AllocateNewBlocks(id, num_tokens, num_tokens_main_model, out);
       return;
     }
-    BlockList& blocks = req_to_blocks_[id];
+    BlockList& blocks = reqs_[id].blocks;
     const int64_t required = CeilDiv(num_tokens_main_model, block_size_);
     const auto prev = static_cast<int64_t>(blocks.size());
     if (required == prev) return;
@@ -211,13 +211,11 @@ class MambaManager final : public SingleTypeManager {
   }
 
   void CacheBlocks(const Request& request, int64_t num_tokens, int32_t alignment_tokens) override {
-    const auto before_it = num_cached_block_.find(request.id());
-    const int64_t before = before_it == num_cached_block_.end() ? 0 : before_it->second;
+    const int64_t before = NumCached(request.id());
     SingleTypeManager::CacheBlocks(request, num_tokens, alignment_tokens);
-    const auto after_it = num_cached_block_.find(request.id());
-    const int64_t after = after_it == num_cached_block_.end() ? 0 : after_it->second;
+    const int64_t after = NumCached(request.id());
     if (after <= before) return;
-    const BlockList& blocks = req_to_blocks_[request.id()];
+    const BlockList& blocks = reqs_[request.id()].blocks;
     for (int64_t i = before; i < after && i < static_cast<int64_t>(blocks.size()); ++i) {
       const int32_t b = blocks[static_cast<size_t>(i)];
       if (b != kNullBlock) cached_this_step_.insert(pool_->key(b));
@@ -282,10 +280,11 @@ int64_t SingleTypeManager::NumBlocksToAllocate(RequestId id, int64_t num_tokens,
   int64_t required = CeilDiv(num_tokens, block_size_);
   if (apply_admission_cap && admission_cap_ > 0)
     required = std::min<int64_t>(required, admission_cap_);
-  const auto it = req_to_blocks_.find(id);
+  const auto it = reqs_.find(id);
   const int64_t num_req_blocks =
-      it == req_to_blocks_.end() ? 0 : static_cast<int64_t>(it->second.size());
-  if (num_cached_block_.contains(id)) return std::max<int64_t>(required - num_req_blocks, 0);
+      it == reqs_.end() ? 0 : static_cast<int64_t>(it->second.blocks.size());
+  if (it != reqs_.end() && it->second.num_cached >= 0)
+    return std::max<int64_t>(required - num_req_blocks, 0);
   const int64_t skipped_blocks = NumSkippedTokens(total_computed_tokens) / block_size_;
   const int64_t local_computed = static_cast<int64_t>(new_computed.size()) + num_req_blocks;
   const int64_t num_new = std::max<int64_t>(required - std::max(skipped_blocks, local_computed), 0);
@@ -297,8 +296,9 @@ void SingleTypeManager::AllocateNewComputedBlocks(RequestId id,
                                                   std::span<const int32_t> new_computed,
                                                   int64_t num_local_computed_tokens,
                                                   int64_t num_external_computed_tokens) {
-  if (num_cached_block_.contains(id)) return;
-  BlockList& blocks = req_to_blocks_[id];
+  RequestTables& t = reqs_[id];
+  if (t.num_cached >= 0) return;
+  BlockList& blocks = t.blocks;
   const int64_t total = num_local_computed_tokens + num_external_computed_tokens;
   const int64_t skipped_tokens = NumSkippedTokens(total);
   const int64_t skipped_blocks = skipped_tokens / block_size_;
@@ -313,13 +313,13 @@ void SingleTypeManager::AllocateNewComputedBlocks(RequestId id,
   if (skipped_blocks > 0)
     blocks.resize(blocks.size() + static_cast<size_t>(skipped_blocks), kNullBlock);
   blocks.insert(blocks.end(), new_computed.begin(), new_computed.end());
-  num_cached_block_[id] = static_cast<int64_t>(blocks.size());
+  t.num_cached = static_cast<int64_t>(blocks.size());
   if (external > 0) GrowTo(blocks, CeilDiv(total, block_size_), nullptr);
 }
 
 void SingleTypeManager::AllocateNewBlocks(RequestId id, int64_t num_tokens,
                                           int64_t /*num_tokens_main_model*/, BlockList* out) {
-  GrowTo(req_to_blocks_[id], CeilDiv(num_tokens, block_size_), out);
+  GrowTo(reqs_[id].blocks, CeilDiv(num_tokens, block_size_), out);
 }
 
 void SingleTypeManager::GrowTo(BlockList& blocks, int64_t num_blocks, BlockList* out) {
@@ -365,27 +365,25 @@ void SingleTypeManager::CacheFullBlocks(const Request& request, BlockList& block
 
 void SingleTypeManager::CacheBlocks(const Request& request, int64_t num_tokens,
                                     int32_t alignment_tokens) {
-  const auto it = num_cached_block_.find(request.id());
-  const int64_t num_cached = it == num_cached_block_.end() ? 0 : it->second;
   const int64_t num_full = num_tokens / block_size_;
-  if (num_cached >= num_full) return;
-  CacheFullBlocks(request, req_to_blocks_[request.id()], num_cached, num_full, alignment_tokens);
-  num_cached_block_[request.id()] = num_full;
+  if (NumCached(request.id()) >= num_full) return;
+  RequestTables& t = reqs_[request.id()];
+  CacheFullBlocks(request, t.blocks, std::max<int64_t>(t.num_cached, 0), num_full,
+                  alignment_tokens);
+  t.num_cached = num_full;
 }
 
 void SingleTypeManager::Free(RequestId id) {
-  const auto it = req_to_blocks_.find(id);
-  if (it != req_to_blocks_.end()) {
-    pool_->Free(it->second.rbegin(), it->second.rend());
-    req_to_blocks_.erase(it);
-  }
-  num_cached_block_.erase(id);
+  const auto it = reqs_.find(id);
+  if (it == reqs_.end()) return;
+  pool_->Free(it->second.blocks.rbegin(), it->second.blocks.rend());
+  reqs_.erase(it);
 }
 
 void SingleTypeManager::RemoveSkippedBlocks(RequestId id, int64_t total_computed_tokens) {
   const int64_t skipped_tokens = NumSkippedTokens(total_computed_tokens);
   if (skipped_tokens <= 0) return;
-  BlockList& blocks = req_to_blocks_[id];
+  BlockList& blocks = reqs_[id].blocks;
   const int64_t n =
       std::min<int64_t>(skipped_tokens / block_size_, static_cast<int64_t>(blocks.size()));
   scratch_.clear();
@@ -409,13 +407,13 @@ std::vector<int32_t> SingleTypeManager::TakeNewBlockIds() {
 }
 
 const BlockList* SingleTypeManager::blocks_of(RequestId id) const {
-  const auto it = req_to_blocks_.find(id);
-  return it == req_to_blocks_.end() ? nullptr : &it->second;
+  const auto it = reqs_.find(id);
+  return it == reqs_.end() ? nullptr : &it->second.blocks;
 }
 
 void SingleTypeManager::AddHolders(std::vector<int32_t>& holders) const {
-  for (const auto& [id, blocks] : req_to_blocks_) {
-    for (const int32_t b : blocks) {
+  for (const auto& [id, tables] : reqs_) {
+    for (const int32_t b : tables.blocks) {
       if (b != kNullBlock) ++holders[static_cast<size_t>(b)];
     }
   }

@@ -5,6 +5,7 @@
 // coordinator above combines them.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -69,8 +70,8 @@ class SingleTypeManager {
   std::vector<int32_t> TakeNewBlockIds();
   const BlockList* blocks_of(RequestId id) const;
   void AddHolders(std::vector<int32_t>& holders) const;
-  int64_t num_requests() const { return static_cast<int64_t>(req_to_blocks_.size()); }
-  bool holds_nothing() const { return req_to_blocks_.empty() && num_cached_block_.empty(); }
+  int64_t num_requests() const { return static_cast<int64_t>(reqs_.size()); }
+  bool holds_nothing() const { return reqs_.empty(); }
 
  protected:
   virtual int64_t NumSkippedTokens(int64_t /*num_computed_tokens*/) const { return 0; }
@@ -88,14 +89,25 @@ class SingleTypeManager {
                        int64_t num_full, int32_t alignment_tokens);
   // Appends fresh blocks until `blocks` holds num_blocks; `out` (optional) gets them too.
   void GrowTo(BlockList& blocks, int64_t num_blocks, BlockList* out);
+  // num_cached_block.get(id, 0).
+  int64_t NumCached(RequestId id) const {
+    const auto it = reqs_.find(id);
+    return it == reqs_.end() ? 0 : std::max<int64_t>(it->second.num_cached, 0);
+  }
 
   KvCacheSpec spec_;
   BlockPool* pool_;
   int32_t group_id_;
   int32_t block_size_;
   int32_t admission_cap_;  // blocks; 0: none
-  std::unordered_map<RequestId, BlockList> req_to_blocks_;
-  std::unordered_map<RequestId, int64_t> num_cached_block_;
+  // vLLM's req_to_blocks and num_cached_block, in one map so a call looks a request up once:
+  // num_cached < 0 stands for "absent from num_cached_block" (vLLM sets it only where the
+  // request already has a block list).
+  struct RequestTables {
+    BlockList blocks;
+    int64_t num_cached = -1;
+  };
+  std::unordered_map<RequestId, RequestTables> reqs_;
   std::vector<int32_t> new_block_ids_;
   BlockList scratch_;
 };
