@@ -13,6 +13,8 @@ whose KVCacheBlock objects are built only if someone reads ``.blocks``.
 """
 from __future__ import annotations
 
+import functools
+import weakref
 from typing import Any
 
 from hybridkv._hybridkv import VllmCore
@@ -21,19 +23,33 @@ from . import _standins as v
 from ._standins import SPEC_KINDS, KVCacheBlocks
 
 
+def _block(core: VllmCore, block_id: int):
+    b = v.KVCacheBlock(block_id)
+    if block_id == 0:
+        b.is_null = True
+    elif core.is_cached(block_id):
+        b.block_hash = b"hybridkv:cached"
+    return b
+
+
 class IdBlocks(KVCacheBlocks):
     """A KVCacheBlocks holding block ids; ``blocks`` builds vLLM's KVCacheBlock objects on
-    first read (a snapshot: ref counts are not kept, ``block_hash`` is a marker when cached)."""
+    first read (a snapshot: ref counts are not kept, ``block_hash`` is a marker when cached).
 
-    def __init__(self, ids: tuple, manager: "KVCacheManager") -> None:  # noqa: D107
+    It refers to the C++ core, not to the manager: the manager's C builtins hold the objects
+    they return, and a reference back to the manager through them would be a cycle Python's
+    collector cannot see (the manager would never be freed)."""
+
+    def __init__(self, ids: tuple, core: VllmCore) -> None:  # noqa: D107
         self._ids = ids
-        self._manager = manager
+        self._core = core
         self._blocks = None
 
     @property
     def blocks(self):  # type: ignore[override]
         if self._blocks is None:
-            self._blocks = tuple([self._manager._block(b) for b in g] for g in self._ids)
+            core = self._core
+            self._blocks = tuple([_block(core, b) for b in g] for g in self._ids)
         return self._blocks
 
     @blocks.setter
@@ -48,16 +64,16 @@ class IdBlocks(KVCacheBlocks):
 
     def get_unhashed_block_ids(self) -> list[int]:
         assert len(self._ids) == 1, "Only one group is supported"
-        cached = self._manager._core.is_cached
+        cached = self._core.is_cached
         return [b for b in self._ids[0] if not cached(b)]
 
     def get_unhashed_block_ids_all_groups(self) -> list[list[int]]:
-        cached = self._manager._core.is_cached
+        cached = self._core.is_cached
         return [[b for b in g if b != 0 and not cached(b)] for g in self._ids]
 
     def __add__(self, other):
         return IdBlocks(tuple([*a, *b] for a, b in zip(self._ids, _ids_of(other))),
-                        self._manager)
+                        self._core)
 
     def __eq__(self, other):
         return isinstance(other, KVCacheBlocks) and self.get_block_ids() == _ids_of(other)
@@ -68,7 +84,7 @@ class IdBlocks(KVCacheBlocks):
         return f"IdBlocks({self._ids!r})"
 
     def new_empty(self):
-        return self._manager.empty_kv_cache_blocks
+        return IdBlocks(tuple(() for _ in self._ids), self._core)
 
 
 def _ids_of(blocks) -> tuple:
@@ -119,14 +135,14 @@ class _PoolView:
 
     @property
     def null_block(self):
-        return self._m._block(0)
+        return _block(self._m._core, 0)
 
 
 class _EmptyBlocks(IdBlocks):
     """The manager's shared empty KVCacheBlocks (vLLM's empty_kv_cache_blocks)."""
 
-    def __init__(self, num_groups: int, manager: "KVCacheManager") -> None:  # noqa: D107
-        super().__init__(tuple(() for _ in range(num_groups)), manager)
+    def __init__(self, num_groups: int, core: VllmCore) -> None:  # noqa: D107
+        super().__init__(tuple(() for _ in range(num_groups)), core)
         self._n = num_groups
         self._blocks = self._ids
 
@@ -208,7 +224,7 @@ class KVCacheManager:
         self._events_on = bool(enable_kv_cache_events)
         self.kv_cache_event_metadata = tuple(
             (v.spec_kind_value(s), v.get_kv_cache_spec_sliding_window(s)) for s in specs)
-        self.empty_kv_cache_blocks = _EmptyBlocks(len(groups), self)
+        self.empty_kv_cache_blocks = _EmptyBlocks(len(groups), self._core)
         self.block_pool = _PoolView(self)
         self.coordinator = _CoordinatorView(self)
         self._ids: dict[str, int] = {}
@@ -217,8 +233,15 @@ class KVCacheManager:
         self._event_hash: dict[int, bytes] = {}  # cached block -> its hash, for BlockRemoved
         # The per-step calls without a Python frame: C builtins with vLLM's signatures. The C
         # allocate_slots cannot queue events, so with events on the Python one serves.
+        # What the builtins hold must not lead back to this manager (see IdBlocks): the slow
+        # path reaches it through a weak reference.
+        me = weakref.ref(self)
+
+        def slow(*args, **kwargs):
+            return me()._allocate_slots(*args, **kwargs)
+
         fast = VllmCore.fast_calls(self._core, self._ids, self.empty_kv_cache_blocks,
-                                   self._wrap_new, self._allocate_slots)
+                                   functools.partial(IdBlocks, core=self._core), slow)
         (allocate, self.new_step_starts, self.get_num_common_prefix_blocks,
          self.take_new_block_ids) = fast
         if not self._events_on:
@@ -234,16 +257,8 @@ class KVCacheManager:
             self._ids[request_id] = rid
         return rid
 
-    def _block(self, block_id: int):
-        b = v.KVCacheBlock(block_id)
-        if block_id == 0:
-            b.is_null = True
-        elif self._core.is_cached(block_id):
-            b.block_hash = b"hybridkv:cached"
-        return b
-
     def _wrap(self, ids):
-        return IdBlocks(ids, self) if ids else self.empty_kv_cache_blocks
+        return IdBlocks(ids, self._core) if ids else self.empty_kv_cache_blocks
 
     # -- vLLM's interface -------------------------------------------------------------------
     @property
@@ -269,9 +284,6 @@ class KVCacheManager:
             self.prefix_cache_stats.record(num_tokens=request.num_tokens, num_hits=n,
                                            preempted=request.num_preemptions > 0)
         return self._wrap(ids), n
-
-    def _wrap_new(self, ids):
-        return IdBlocks(ids, self)
 
     def allocate_slots(self, *args, **kwargs):
         return self._allocate_slots(*args, **kwargs)
@@ -307,7 +319,7 @@ class KVCacheManager:
             self._drain(request)
         if ids is None:
             return None
-        return IdBlocks(ids, self) if ids else self.empty_kv_cache_blocks
+        return IdBlocks(ids, self._core) if ids else self.empty_kv_cache_blocks
 
     def free(self, request) -> None:
         rid = self._ids.pop(request.request_id, None)
@@ -356,7 +368,7 @@ class KVCacheManager:
         if rid is None:
             return self.empty_kv_cache_blocks
         ids = self._core.block_ids(rid)
-        return IdBlocks(ids, self) if any(ids) else self.empty_kv_cache_blocks
+        return IdBlocks(ids, self._core) if any(ids) else self.empty_kv_cache_blocks
 
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
         return self.get_blocks(request_id).get_block_ids()
