@@ -118,6 +118,11 @@ class VllmCore {
     vllm::Request& r = it->second;
     const size_t known = r.block_hashes().size();
     const auto n = static_cast<size_t>(PyList_GET_SIZE(hashes.ptr()));
+    if (n < known) {
+      Check(Status::InvalidArgument(
+          fmt::format("vllm core: request {} had {} block hashes, now {}: hashes are append-only",
+                      id, known, n)));
+    }
     scratch_.clear();
     for (size_t i = known; i < n; ++i) {
       PyObject* h = PyList_GET_ITEM(hashes.ptr(), static_cast<Py_ssize_t>(i));
@@ -126,11 +131,6 @@ class VllmCore {
       if (PyBytes_AsStringAndSize(h, &data, &size) != 0) throw py::error_already_set();
       scratch_.push_back(
           DigestOf({reinterpret_cast<const unsigned char*>(data), static_cast<size_t>(size)}));
-    }
-    if (n < known) {
-      Check(Status::InvalidArgument(
-          fmt::format("vllm core: request {} had {} block hashes, now {}: hashes are append-only",
-                      id, known, n)));
     }
     r.Extend(num_tokens, scratch_);
     return r;

@@ -289,7 +289,12 @@ Status KvCacheManager::AllocateSlots(const Request& request, const AllocateArgs&
                                                local_computed, a.num_external_computed_tokens);
     }
   }
-  if (new_blocks != nullptr) new_blocks->groups.assign(m.managers.size(), {});
+  if (new_blocks != nullptr) {
+    // Cleared, not reassigned: a caller that reuses `new_blocks` keeps its lists' capacity.
+    new_blocks->groups.resize(m.managers.size());
+    for (auto& g : new_blocks->groups)
+      g.clear();
+  }
   for (size_t g = 0; g < m.managers.size(); ++g) {
     m.managers[g]->AllocateNewBlocks(request.id(), need_slot, main,
                                      new_blocks != nullptr ? &new_blocks->groups[g] : nullptr);

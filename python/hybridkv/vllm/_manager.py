@@ -238,7 +238,7 @@ class KVCacheManager:
         me = weakref.ref(self)
 
         def slow(*args, **kwargs):
-            return me()._allocate_slots(*args, **kwargs)
+            return KVCacheManager.allocate_slots(me(), *args, **kwargs)
 
         fast = VllmCore.fast_calls(self._core, self._ids, self.empty_kv_cache_blocks,
                                    functools.partial(IdBlocks, core=self._core), slow)
@@ -285,10 +285,7 @@ class KVCacheManager:
                                            preempted=request.num_preemptions > 0)
         return self._wrap(ids), n
 
-    def allocate_slots(self, *args, **kwargs):
-        return self._allocate_slots(*args, **kwargs)
-
-    def _allocate_slots(
+    def allocate_slots(
         self,
         request,
         num_new_tokens: int,
@@ -324,9 +321,7 @@ class KVCacheManager:
     def free(self, request) -> None:
         rid = self._ids.pop(request.request_id, None)
         if rid is not None:
-            self._core.free(rid)
-            if self._events_on:
-                self._drain(None)
+            self._core.free(rid)  # freeing publishes nothing in vLLM's block pool
 
     def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
         rid = self._ids.get(request_id)
