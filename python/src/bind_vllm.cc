@@ -4,6 +4,7 @@
 //
 // Calls keep the GIL: each is a few microseconds, which is less than releasing and retaking it
 // would cost, and holding it serialises Python threads on the manager without a lock.
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <optional>
@@ -83,7 +84,7 @@ class VllmCore {
  public:
   VllmCore(const std::vector<GroupSpec>& groups, int32_t num_blocks, int32_t hash_block_size,
            int64_t max_model_len, int64_t max_num_batched_tokens, bool enable_caching,
-           bool enable_events) {
+           bool enable_events, vllm::EvictionPolicy policy) {
     vllm::KvCacheConfig c;
     for (size_t i = 0; i < groups.size(); ++i) {
       Result<vllm::KvCacheSpec> s = ToSpec(groups[i]);
@@ -103,7 +104,7 @@ class VllmCore {
     c.max_model_len = max_model_len;
     c.max_num_batched_tokens = max_num_batched_tokens;
     m_.emplace(Value(vllm::KvCacheManager::Create(
-        c, {.enable_caching = enable_caching, .record_events = enable_events})));
+        c, {.enable_caching = enable_caching, .record_events = enable_events, .policy = policy})));
   }
 
   // A request is known from its first call on; `hashes` are its block hashes past those already
@@ -154,19 +155,25 @@ class VllmCore {
                            const std::optional<std::vector<std::vector<int32_t>>>& new_computed,
                            int64_t num_lookahead_tokens, int64_t num_external_computed_tokens,
                            bool delay_cache_blocks, bool full_sequence_must_fit) {
-    vllm::Request& r = Sync(id, num_tokens, hashes);
-    vllm::ComputedBlocks hit;
     vllm::AllocateArgs a;
     a.num_new_tokens = num_new_tokens;
     a.num_new_computed_tokens = num_new_computed_tokens;
     if (new_computed.has_value()) {
-      hit.blocks.groups = *new_computed;
-      a.new_computed = &hit;
+      hit_.blocks.groups = *new_computed;
+      a.new_computed = &hit_;
     }
     a.num_lookahead_tokens = num_lookahead_tokens;
     a.num_external_computed_tokens = num_external_computed_tokens;
     a.delay_cache_blocks = delay_cache_blocks;
     a.full_sequence_must_fit = full_sequence_must_fit;
+    return Allocate(id, num_tokens, hashes, num_computed_tokens, a);
+  }
+
+  // allocate_slots with the arguments prepared; `a.new_computed`, when set, may point at
+  // hit_scratch(). None when the blocks do not fit, () when nothing new was allocated.
+  py::object Allocate(RequestId id, int64_t num_tokens, const py::list& hashes,
+                      int64_t num_computed_tokens, const vllm::AllocateArgs& a) {
+    vllm::Request& r = Sync(id, num_tokens, hashes);
     r.num_computed_tokens = num_computed_tokens;
     const Status st = m_->AllocateSlots(r, a, &out_);
     if (st.code() == StatusCode::kResourceExhausted) return py::none();
@@ -174,6 +181,8 @@ class VllmCore {
     if (out_.empty()) return py::tuple();  // the caller hands out its shared empty blocks
     return ToTuple(out_);
   }
+
+  vllm::ComputedBlocks& hit_scratch() { return hit_; }
 
   void CacheBlocks(RequestId id, int64_t num_tokens, const py::list& hashes,
                    int64_t num_computed_tokens) {
@@ -212,21 +221,32 @@ class VllmCore {
   std::unordered_map<RequestId, vllm::Request> requests_;
   std::vector<BlockHash> scratch_;
   vllm::GroupBlocks out_;
+  vllm::ComputedBlocks hit_;  // new computed blocks of the call in progress (capacity kept)
 };
 
-// The hot call, as a C function: vLLM's scheduler calls allocate_slots once per running request
-// per step, and the adapter's Python frame plus pybind11's argument conversion cost more than the
-// manager's own work. `MakeFastCalls` returns a builtin taking vLLM's exact signature; it
-// serves the common case (a known request, no new hit blocks, no encoder tokens, events off)
-// and hands every other call to the adapter's Python implementation, unchanged.
-struct FastAllocate {
+// The hot calls, as C functions: vLLM's scheduler calls allocate_slots once per running request
+// per step (and get_computed_blocks once per step for a request waiting for memory), and the
+// adapter's Python frame plus pybind11's argument conversion cost more than the manager's own
+// work. `MakeFastCalls` returns builtins taking vLLM's exact signatures; they serve the common
+// cases and hand every other call (and every refusal) to the adapter's Python implementation,
+// unchanged, which raises the library's exceptions with their messages.
+struct FastState {
   py::object core;  // VllmCore (kept alive by this reference)
   VllmCore* raw = nullptr;
-  py::object ids;    // dict: vLLM request id -> int id (the adapter's own)
-  py::object empty;  // the adapter's empty KVCacheBlocks
-  py::object wrap;   // ids tuple -> KVCacheBlocks
-  py::object slow;   // the adapter's Python allocate_slots
-  py::object name_request_id, name_num_tokens, name_block_hashes, name_num_computed;
+  py::object ids;            // dict: vLLM request id -> int id (the adapter's own)
+  py::object empty;          // the adapter's empty KVCacheBlocks
+  py::object wrap;           // ids tuple -> KVCacheBlocks
+  py::object slow_allocate;  // the adapter's Python allocate_slots
+  py::object slow_computed;  // the adapter's Python get_computed_blocks
+  // A request class whose num_tokens is len(_all_token_ids) (vLLM's Request, checked by the
+  // adapter), or None: the list's length is read without running the property's frame.
+  py::object direct_type;
+  py::object name_request_id, name_num_tokens, name_block_hashes, name_num_computed,
+      name_all_token_ids, name_ids, name_skip_reading;
+  // The argument names, interned: keyword names from Python code are interned too, so a
+  // pointer comparison finds them without a string compare.
+  std::array<py::object, 9> arg_names;
+  int64_t next_id = 1;  // the next request's int id
 };
 
 constexpr const char* kAllocateArgs[] = {"request",
@@ -240,10 +260,6 @@ constexpr const char* kAllocateArgs[] = {"request",
                                          "full_sequence_must_fit"};
 constexpr Py_ssize_t kNumAllocateArgs = 9;
 
-PyObject* CallSlow(FastAllocate& f, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
-  return PyObject_Vectorcall(f.slow.ptr(), args, nargsf, kwnames);
-}
-
 // Reads an int64 that must be a Python int; false (no exception) when it is not one.
 bool ReadInt(PyObject* o, int64_t* out) {
   if (!PyLong_Check(o)) return false;
@@ -256,9 +272,97 @@ bool ReadInt(PyObject* o, int64_t* out) {
   return true;
 }
 
+PyObject* CallSlow(FastState& f, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+  return PyObject_Vectorcall(f.slow_allocate.ptr(), args, nargsf, kwnames);
+}
+
+// The adapter's int id for a vLLM request id, assigned on first sight (new reference; nullptr
+// with an exception set on failure).
+PyObject* AssignId(FastState& f, PyObject* request_id) {
+  PyObject* rid = PyDict_GetItemWithError(f.ids.ptr(), request_id);  // borrowed
+  if (rid != nullptr) return Py_NewRef(rid);
+  if (PyErr_Occurred()) return nullptr;
+  PyObject* fresh = PyLong_FromLongLong(f.next_id);
+  if (fresh == nullptr) return nullptr;
+  if (PyDict_SetItem(f.ids.ptr(), request_id, fresh) != 0) {
+    Py_DECREF(fresh);
+    return nullptr;
+  }
+  ++f.next_id;
+  return fresh;
+}
+
+// What the core needs of a vLLM request: its int id, token count, computed tokens and block
+// hashes. kOk, kError (an exception is set), or kOther (a shape these builtins do not serve; no
+// exception). With `assign` an unknown request gets an id; without, it is kOther.
+enum class ReadResult : unsigned char { kOk, kError, kOther };
+struct RequestView {
+  int64_t rid = 0, num_tokens = 0, num_computed = 0;
+  py::object hashes;
+};
+
+ReadResult ReadRequest(FastState& f, PyObject* request, bool assign, RequestView* out) {
+  py::object req_id =
+      py::reinterpret_steal<py::object>(PyObject_GetAttr(request, f.name_request_id.ptr()));
+  if (!req_id) return ReadResult::kError;
+  py::object rid_obj;
+  if (assign) {
+    rid_obj = py::reinterpret_steal<py::object>(AssignId(f, req_id.ptr()));
+    if (!rid_obj) return ReadResult::kError;
+  } else {
+    PyObject* known = PyDict_GetItemWithError(f.ids.ptr(), req_id.ptr());  // borrowed
+    if (known == nullptr) return PyErr_Occurred() ? ReadResult::kError : ReadResult::kOther;
+    rid_obj = py::reinterpret_borrow<py::object>(known);
+  }
+  ReadInt(rid_obj.ptr(), &out->rid);
+  py::object nt;
+  if (reinterpret_cast<PyObject*>(Py_TYPE(request)) == f.direct_type.ptr()) {
+    py::object all =
+        py::reinterpret_steal<py::object>(PyObject_GetAttr(request, f.name_all_token_ids.ptr()));
+    if (!all) return ReadResult::kError;
+    if (PyList_Check(all.ptr())) nt = py::int_(PyList_GET_SIZE(all.ptr()));
+  }
+  if (!nt)
+    nt = py::reinterpret_steal<py::object>(PyObject_GetAttr(request, f.name_num_tokens.ptr()));
+  py::object nc =
+      py::reinterpret_steal<py::object>(PyObject_GetAttr(request, f.name_num_computed.ptr()));
+  out->hashes =
+      py::reinterpret_steal<py::object>(PyObject_GetAttr(request, f.name_block_hashes.ptr()));
+  if (!nt || !nc || !out->hashes) return ReadResult::kError;
+  if (!ReadInt(nt.ptr(), &out->num_tokens) || !ReadInt(nc.ptr(), &out->num_computed) ||
+      !PyList_Check(out->hashes.ptr())) {
+    return ReadResult::kOther;
+  }
+  return ReadResult::kOk;
+}
+
+// The block ids of the adapter's own KVCacheBlocks (its `_ids`: one list or tuple of ints per
+// group) into `out`, keeping its lists' capacity; false for anything else.
+bool ReadComputedIds(const FastState& f, PyObject* blocks, vllm::GroupBlocks& out) {
+  py::object ids = py::reinterpret_steal<py::object>(PyObject_GetAttr(blocks, f.name_ids.ptr()));
+  if (!ids || !PyTuple_Check(ids.ptr())) return false;
+  const Py_ssize_t groups = PyTuple_GET_SIZE(ids.ptr());
+  out.groups.resize(static_cast<size_t>(groups));
+  for (Py_ssize_t g = 0; g < groups; ++g) {
+    PyObject* seq = PyTuple_GET_ITEM(ids.ptr(), g);
+    const bool list = PyList_Check(seq);
+    if (!list && !PyTuple_Check(seq)) return false;
+    const Py_ssize_t n = list ? PyList_GET_SIZE(seq) : PyTuple_GET_SIZE(seq);
+    std::vector<int32_t>& dst = out.groups[static_cast<size_t>(g)];
+    dst.resize(static_cast<size_t>(n));
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      PyObject* item = list ? PyList_GET_ITEM(seq, i) : PyTuple_GET_ITEM(seq, i);
+      int64_t v = 0;
+      if (!ReadInt(item, &v) || v < 0 || v > INT32_MAX) return false;
+      dst[static_cast<size_t>(i)] = static_cast<int32_t>(v);
+    }
+  }
+  return true;
+}
+
 PyObject* FastAllocateCall(PyObject* self, PyObject* const* args, size_t nargsf,
                            PyObject* kwnames) {
-  auto& f = *static_cast<FastAllocate*>(PyCapsule_GetPointer(self, nullptr));
+  auto& f = *static_cast<FastState*>(PyCapsule_GetPointer(self, nullptr));
   const Py_ssize_t npos = PyVectorcall_NARGS(nargsf);
   PyObject* a[kNumAllocateArgs] = {};
   if (npos > kNumAllocateArgs) return CallSlow(f, args, nargsf, kwnames);
@@ -267,53 +371,63 @@ PyObject* FastAllocateCall(PyObject* self, PyObject* const* args, size_t nargsf,
   if (kwnames != nullptr) {
     const Py_ssize_t nkw = PyTuple_GET_SIZE(kwnames);
     for (Py_ssize_t k = 0; k < nkw; ++k) {
-      const char* name = PyUnicode_AsUTF8(PyTuple_GET_ITEM(kwnames, k));
+      PyObject* key = PyTuple_GET_ITEM(kwnames, k);
       Py_ssize_t slot = -1;
-      for (Py_ssize_t i = 0; name != nullptr && i < kNumAllocateArgs; ++i) {
-        if (std::strcmp(name, kAllocateArgs[i]) == 0) slot = i;
+      for (Py_ssize_t i = 0; i < kNumAllocateArgs && slot < 0; ++i) {
+        if (key == f.arg_names[static_cast<size_t>(i)].ptr()) slot = i;
+      }
+      if (slot < 0) {
+        const char* name = PyUnicode_AsUTF8(key);
+        for (Py_ssize_t i = 0; name != nullptr && i < kNumAllocateArgs && slot < 0; ++i) {
+          if (std::strcmp(name, kAllocateArgs[i]) == 0) slot = i;
+        }
+        if (name == nullptr) PyErr_Clear();
       }
       if (slot < 0 || a[slot] != nullptr) return CallSlow(f, args, nargsf, kwnames);
       a[slot] = args[npos + k];
     }
   }
   if (a[0] == nullptr || a[1] == nullptr) return CallSlow(f, args, nargsf, kwnames);
-  // Anything but the plain running-request call goes to the Python implementation.
-  int64_t num_new = 0, zero = 0;
-  if (!ReadInt(a[1], &num_new) || num_new <= 0) return CallSlow(f, args, nargsf, kwnames);
-  for (const int i : {2, 4, 5, 7}) {
-    if (a[i] != nullptr && (!ReadInt(a[i], &zero) || zero != 0))
+  // Served here: ints for the counts, no encoder tokens, bools for the flags, and no new
+  // computed blocks or the adapter's own blocks. Anything else (and every refusal) goes to the
+  // Python implementation, which raises the library's exceptions with their messages.
+  int64_t counts[kNumAllocateArgs] = {};
+  for (const int i : {1, 2, 4, 5, 7}) {
+    if (a[i] != nullptr && !ReadInt(a[i], &counts[i])) return CallSlow(f, args, nargsf, kwnames);
+  }
+  if (counts[7] != 0) return CallSlow(f, args, nargsf, kwnames);
+  bool flags[kNumAllocateArgs] = {};
+  for (const int i : {6, 8}) {
+    if (a[i] == nullptr || a[i] == Py_False) continue;
+    if (a[i] != Py_True) return CallSlow(f, args, nargsf, kwnames);
+    flags[i] = true;
+  }
+  vllm::AllocateArgs args_in;
+  args_in.num_new_tokens = counts[1];
+  args_in.num_new_computed_tokens = counts[2];
+  args_in.num_lookahead_tokens = counts[4];
+  args_in.num_external_computed_tokens = counts[5];
+  args_in.delay_cache_blocks = flags[6];
+  args_in.full_sequence_must_fit = flags[8];
+  if (a[3] != nullptr && a[3] != Py_None && a[3] != f.empty.ptr()) {
+    if (!ReadComputedIds(f, a[3], f.raw->hit_scratch().blocks)) {
+      if (PyErr_Occurred()) PyErr_Clear();
+      return CallSlow(f, args, nargsf, kwnames);
+    }
+    args_in.new_computed = &f.raw->hit_scratch();
+  }
+  RequestView r;
+  switch (ReadRequest(f, a[0], /*assign=*/false, &r)) {
+    case ReadResult::kOk:
+      break;
+    case ReadResult::kError:
+      return nullptr;
+    case ReadResult::kOther:  // first sight among them: the slow path assigns the id
       return CallSlow(f, args, nargsf, kwnames);
   }
-  if ((a[3] != nullptr && a[3] != Py_None) || (a[6] != nullptr && a[6] != Py_False) ||
-      (a[8] != nullptr && a[8] != Py_False)) {
-    return CallSlow(f, args, nargsf, kwnames);
-  }
-  PyObject* request = a[0];
-  PyObject* req_id = PyObject_GetAttr(request, f.name_request_id.ptr());
-  if (req_id == nullptr) return nullptr;
-  PyObject* rid_obj = PyDict_GetItemWithError(f.ids.ptr(), req_id);  // borrowed
-  Py_DECREF(req_id);
-  if (rid_obj == nullptr) {
-    if (PyErr_Occurred()) return nullptr;
-    return CallSlow(f, args, nargsf, kwnames);  // first sight: the slow path assigns the id
-  }
-  int64_t rid = 0, num_tokens = 0, num_computed = 0;
-  ReadInt(rid_obj, &rid);
-  py::object nt =
-      py::reinterpret_steal<py::object>(PyObject_GetAttr(request, f.name_num_tokens.ptr()));
-  py::object nc =
-      py::reinterpret_steal<py::object>(PyObject_GetAttr(request, f.name_num_computed.ptr()));
-  py::object hashes =
-      py::reinterpret_steal<py::object>(PyObject_GetAttr(request, f.name_block_hashes.ptr()));
-  if (!nt || !nc || !hashes) return nullptr;
-  if (!ReadInt(nt.ptr(), &num_tokens) || !ReadInt(nc.ptr(), &num_computed) ||
-      !PyList_Check(hashes.ptr())) {
-    return CallSlow(f, args, nargsf, kwnames);
-  }
   try {
-    py::object ids =
-        f.raw->AllocateSlots(rid, num_tokens, py::reinterpret_borrow<py::list>(hashes),
-                             num_computed, num_new, 0, std::nullopt, 0, 0, false, false);
+    py::object ids = f.raw->Allocate(
+        r.rid, r.num_tokens, py::reinterpret_borrow<py::list>(r.hashes), r.num_computed, args_in);
     if (ids.is_none()) return ids.release().ptr();
     if (PyTuple_GET_SIZE(ids.ptr()) == 0) return f.empty.inc_ref().ptr();
     return f.wrap(ids).release().ptr();
@@ -333,7 +447,7 @@ PyMethodDef kFastAllocateDef = {
     "requests."};
 
 PyObject* FastNewStepStarts(PyObject* self, PyObject* /*unused*/) {
-  static_cast<FastAllocate*>(PyCapsule_GetPointer(self, nullptr))->raw->m().NewStepStarts();
+  static_cast<FastState*>(PyCapsule_GetPointer(self, nullptr))->raw->m().NewStepStarts();
   Py_RETURN_NONE;
 }
 
@@ -346,12 +460,12 @@ PyObject* ToList(const std::vector<int32_t>& v) {
 }
 
 PyObject* FastTakeNewBlockIds(PyObject* self, PyObject* /*unused*/) {
-  auto& f = *static_cast<FastAllocate*>(PyCapsule_GetPointer(self, nullptr));
+  auto& f = *static_cast<FastState*>(PyCapsule_GetPointer(self, nullptr));
   return ToList(f.raw->m().TakeNewBlockIds());
 }
 
 PyObject* FastCommonPrefix(PyObject* self, PyObject* request_id) {
-  auto& f = *static_cast<FastAllocate*>(PyCapsule_GetPointer(self, nullptr));
+  auto& f = *static_cast<FastState*>(PyCapsule_GetPointer(self, nullptr));
   PyObject* rid_obj = PyDict_GetItemWithError(f.ids.ptr(), request_id);  // borrowed
   int64_t rid = 0;
   if (rid_obj == nullptr) {
@@ -363,6 +477,100 @@ PyObject* FastCommonPrefix(PyObject* self, PyObject* request_id) {
   return ToList(f.raw->m().NumCommonPrefixBlocks(rid));
 }
 
+// get_computed_blocks(request) -> (KVCacheBlocks, hit tokens); installed only with caching on
+// and prefix-cache statistics off.
+PyObject* FastGetComputed(PyObject* self, PyObject* request) {
+  auto& f = *static_cast<FastState*>(PyCapsule_GetPointer(self, nullptr));
+  auto slow = [&] { return PyObject_CallOneArg(f.slow_computed.ptr(), request); };
+  PyObject* skip = PyObject_GetAttr(request, f.name_skip_reading.ptr());
+  if (skip == nullptr) return nullptr;
+  Py_DECREF(skip);
+  if (skip != Py_False) return slow();
+  RequestView r;
+  switch (ReadRequest(f, request, /*assign=*/true, &r)) {
+    case ReadResult::kOk:
+      break;
+    case ReadResult::kError:
+      return nullptr;
+    case ReadResult::kOther:
+      return slow();
+  }
+  try {
+    py::tuple hit =
+        f.raw->GetComputedBlocks(r.rid, r.num_tokens, py::reinterpret_borrow<py::list>(r.hashes));
+    py::object ids = hit[0];
+    if (PyTuple_GET_SIZE(ids.ptr()) == 0) return py::make_tuple(f.empty, 0).release().ptr();
+    return py::make_tuple(f.wrap(ids), hit[1]).release().ptr();
+  } catch (...) {
+    PyErr_Clear();
+    return slow();
+  }
+}
+
+PyObject* FastAssignId(PyObject* self, PyObject* request_id) {
+  return AssignId(*static_cast<FastState*>(PyCapsule_GetPointer(self, nullptr)), request_id);
+}
+
+// IdBlocks.get_block_ids(self, allow_none=False): each group's ids as a new list, or None when
+// allow_none and every group is empty. A method in C (bound like a Python function, through an
+// instancemethod) because vLLM's scheduler calls it once per running request per step.
+PyObject* BlocksGetBlockIds(PyObject* /*unused*/, PyObject* const* args, Py_ssize_t nargs,
+                            PyObject* kwnames) {
+  static PyObject* const kIds = PyUnicode_InternFromString("_ids");
+  static PyObject* const kAllowNone = PyUnicode_InternFromString("allow_none");
+  const Py_ssize_t nkw = kwnames != nullptr ? PyTuple_GET_SIZE(kwnames) : 0;
+  PyObject* allow = nargs >= 2 ? args[1] : nullptr;
+  bool bad = nargs < 1 || nargs > 2;
+  for (Py_ssize_t k = 0; k < nkw && !bad; ++k) {
+    PyObject* key = PyTuple_GET_ITEM(kwnames, k);
+    if (allow != nullptr || (key != kAllowNone && PyUnicode_Compare(key, kAllowNone) != 0)) {
+      bad = true;
+    } else {
+      allow = args[nargs + k];
+    }
+  }
+  if (bad) {
+    PyErr_SetString(PyExc_TypeError, "get_block_ids(self, allow_none=False)");
+    return nullptr;
+  }
+  py::object ids = py::reinterpret_steal<py::object>(PyObject_GetAttr(args[0], kIds));
+  if (!ids) return nullptr;
+  if (!PyTuple_Check(ids.ptr())) {
+    PyErr_SetString(PyExc_TypeError, "get_block_ids: _ids is not a tuple");
+    return nullptr;
+  }
+  const Py_ssize_t groups = PyTuple_GET_SIZE(ids.ptr());
+  if (allow != nullptr) {
+    const int on = PyObject_IsTrue(allow);
+    if (on < 0) return nullptr;
+    bool empty = true;
+    for (Py_ssize_t g = 0; g < groups && empty; ++g) {
+      const Py_ssize_t n = PyObject_Length(PyTuple_GET_ITEM(ids.ptr(), g));
+      if (n < 0) return nullptr;
+      empty = n == 0;
+    }
+    if (on != 0 && empty) Py_RETURN_NONE;
+  }
+  py::tuple out(groups);
+  for (Py_ssize_t g = 0; g < groups; ++g) {
+    PyObject* list = PySequence_List(PyTuple_GET_ITEM(ids.ptr(), g));
+    if (list == nullptr) return nullptr;
+    PyTuple_SET_ITEM(out.ptr(), g, list);
+  }
+  return out.release().ptr();
+}
+
+PyMethodDef kBlocksGetBlockIdsDef = {
+    "get_block_ids",
+    reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&BlocksGetBlockIds)),
+    METH_FASTCALL | METH_KEYWORDS,
+    "get_block_ids(allow_none=False): each group's block ids as a new list; None when "
+    "allow_none and every group is empty."};
+
+PyMethodDef kFastComputedDef = {"get_computed_blocks", &FastGetComputed, METH_O,
+                                "get_computed_blocks(request) (vLLM's signature), in C."};
+PyMethodDef kFastAssignDef = {"assign_id", &FastAssignId, METH_O,
+                              "assign_id(request_id) -> the adapter's int id for it."};
 PyMethodDef kFastNewStepDef = {"new_step_starts", &FastNewStepStarts, METH_NOARGS,
                                "new_step_starts"};
 PyMethodDef kFastTakeNewDef = {"take_new_block_ids", &FastTakeNewBlockIds, METH_NOARGS,
@@ -371,25 +579,45 @@ PyMethodDef kFastCommonDef = {"get_num_common_prefix_blocks", &FastCommonPrefix,
                               "get_num_common_prefix_blocks(running_request_id)"};
 
 // The adapter's per-step calls as builtins over one shared state: (allocate_slots,
-// new_step_starts, get_num_common_prefix_blocks, take_new_block_ids).
+// new_step_starts, get_num_common_prefix_blocks, take_new_block_ids, get_computed_blocks,
+// assign_id).
 py::tuple MakeFastCalls(py::object core, py::object ids, py::object empty, py::object wrap,
-                        py::object slow) {
+                        py::object slow_allocate, py::object slow_computed,
+                        py::object direct_type) {
   VllmCore* raw = &core.cast<VllmCore&>();
-  auto* f = new FastAllocate{std::move(core),         raw,
-                             std::move(ids),          std::move(empty),
-                             std::move(wrap),         std::move(slow),
-                             py::str("request_id"),   py::str("num_tokens"),
-                             py::str("block_hashes"), py::str("num_computed_tokens")};
+  auto intern = [](const char* name) {
+    return py::reinterpret_steal<py::object>(PyUnicode_InternFromString(name));
+  };
+  auto* f = new FastState{std::move(core),
+                          raw,
+                          std::move(ids),
+                          std::move(empty),
+                          std::move(wrap),
+                          std::move(slow_allocate),
+                          std::move(slow_computed),
+                          std::move(direct_type),
+                          intern("request_id"),
+                          intern("num_tokens"),
+                          intern("block_hashes"),
+                          intern("num_computed_tokens"),
+                          intern("_all_token_ids"),
+                          intern("_ids"),
+                          intern("skip_reading_prefix_cache"),
+                          {},
+                          1};
+  for (size_t i = 0; i < f->arg_names.size(); ++i)
+    f->arg_names[i] = intern(kAllocateArgs[i]);
   py::object capsule = py::reinterpret_steal<py::object>(PyCapsule_New(f, nullptr, [](PyObject* c) {
-    delete static_cast<FastAllocate*>(PyCapsule_GetPointer(c, nullptr));
+    delete static_cast<FastState*>(PyCapsule_GetPointer(c, nullptr));
   }));
   if (!capsule) {
     delete f;
     throw py::error_already_set();
   }
-  py::tuple out(4);
-  PyMethodDef* defs[] = {&kFastAllocateDef, &kFastNewStepDef, &kFastCommonDef, &kFastTakeNewDef};
-  for (size_t i = 0; i < 4; ++i) {
+  PyMethodDef* defs[] = {&kFastAllocateDef, &kFastNewStepDef,  &kFastCommonDef,
+                         &kFastTakeNewDef,  &kFastComputedDef, &kFastAssignDef};
+  py::tuple out(std::size(defs));
+  for (size_t i = 0; i < std::size(defs); ++i) {
     PyObject* fn = PyCFunction_NewEx(defs[i], capsule.ptr(), nullptr);
     if (fn == nullptr) throw py::error_already_set();
     out[i] = py::reinterpret_steal<py::object>(fn);
@@ -400,6 +628,14 @@ py::tuple MakeFastCalls(py::object core, py::object ids, py::object empty, py::o
 }  // namespace
 
 void BindVllm(py::module_& m) {
+  {
+    PyObject* fn = PyCFunction_NewEx(&kBlocksGetBlockIdsDef, nullptr, nullptr);
+    if (fn == nullptr) throw py::error_already_set();
+    PyObject* method = PyInstanceMethod_New(fn);
+    Py_DECREF(fn);
+    if (method == nullptr) throw py::error_already_set();
+    m.add_object("_vllm_get_block_ids", py::reinterpret_steal<py::object>(method));
+  }
   py::class_<VllmCore>(
       m, "VllmCore",
       "vLLM v1's KV cache manager restated in C++ (block for block: same ids, hits, evictions and "
@@ -412,16 +648,25 @@ void BindVllm(py::module_& m) {
               [](const std::vector<std::tuple<std::string, int32_t, int32_t, int32_t, std::string>>&
                      groups,
                  int32_t num_blocks, int32_t hash_block_size, int64_t max_model_len,
-                 int64_t max_num_batched_tokens, bool enable_caching, bool enable_events) {
+                 int64_t max_num_batched_tokens, bool enable_caching, bool enable_events,
+                 const std::string& policy) {
                 std::vector<GroupSpec> specs;
                 for (const auto& [kind, bs, window, chunk, mode] : groups)
                   specs.push_back({kind, bs, window, chunk, mode});
+                vllm::EvictionPolicy p = vllm::EvictionPolicy::kVllm;
+                if (policy == "hybridkv") {
+                  p = vllm::EvictionPolicy::kHybridKV;
+                } else if (policy != "vllm") {
+                  Check(Status::InvalidArgument(fmt::format(
+                      "vllm core: policy '{}': expected 'vllm' or 'hybridkv'", policy)));
+                }
                 return VllmCore(specs, num_blocks, hash_block_size, max_model_len,
-                                max_num_batched_tokens, enable_caching, enable_events);
+                                max_num_batched_tokens, enable_caching, enable_events, p);
               }),
           py::arg("groups"), py::arg("num_blocks"), py::arg("hash_block_size"),
           py::arg("max_model_len"), py::arg("max_num_batched_tokens"),
-          py::arg("enable_caching") = true, py::arg("enable_events") = false)
+          py::arg("enable_caching") = true, py::arg("enable_events") = false,
+          py::arg("policy") = "vllm")
       .def(
           "sync",
           [](VllmCore& c, RequestId id, int64_t num_tokens, const py::list& hashes) {
@@ -476,11 +721,14 @@ void BindVllm(py::module_& m) {
                              [](const VllmCore& c) { return c.m().Stats().num_cached; })
       .def_property_readonly("num_requests", &VllmCore::num_requests)
       .def_static("fast_calls", &MakeFastCalls, py::arg("core"), py::arg("ids"), py::arg("empty"),
-                  py::arg("wrap"), py::arg("slow"),
+                  py::arg("wrap"), py::arg("slow_allocate"), py::arg("slow_computed"),
+                  py::arg("direct_type") = py::none(),
                   "Builtins for the per-step calls, with vLLM's signatures: (allocate_slots, "
-                  "new_step_starts, get_num_common_prefix_blocks, take_new_block_ids). "
-                  "allocate_slots serves running requests in C and passes every other call to "
-                  "`slow`; `ids` maps vLLM request ids to the core's.")
+                  "new_step_starts, get_num_common_prefix_blocks, take_new_block_ids, "
+                  "get_computed_blocks, assign_id). allocate_slots and get_computed_blocks serve "
+                  "the common cases in C and pass every other call to `slow_allocate` / "
+                  "`slow_computed`; `ids` maps vLLM request ids to the core's, and assign_id "
+                  "gives an unknown one the next id.")
       .def_property_readonly(
           "idle", [](const VllmCore& c) { return c.m().Idle(); },
           "No request holds a block or a caching record.");

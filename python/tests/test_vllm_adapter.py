@@ -120,6 +120,28 @@ def test_a_second_request_hits_and_the_free_order_is_vllms():
     m.check_invariants()
 
 
+@pytest.mark.parametrize("policy", ["vllm", "hybridkv"])
+def test_the_hybridkv_policy_reuses_a_block_without_identity_before_a_cached_one(policy):
+    m = manager(num_blocks=4, policy=policy)
+    assert m.policy == policy
+    first = request("first", list(range(8)))  # blocks 1 and 2, both cached
+    admit(m, first)
+    m.free(first)
+    other = request("other", list(range(100, 105)))  # takes 3 (cached) and 2 (no identity)
+    admit(m, other)
+    m.free(other)
+    assert m._core.free_queue() == ([1, 2, 3] if policy == "vllm" else [2, 1, 3])
+    admit(m, request("third", list(range(200, 204))))  # one block
+    again = request("again", list(range(8)))
+    assert m.get_computed_blocks(again)[1] == (0 if policy == "vllm" else 4)
+    m.check_invariants()
+
+
+def test_an_unknown_policy_is_refused_by_name():
+    with pytest.raises(ValueError, match="policy 'lru'"):
+        manager(policy="lru")
+
+
 def test_unsupported_configurations_are_refused_by_name():
     with pytest.raises(NotImplementedError, match="CrossAttentionSpec"):
         manager(spec("CrossAttentionSpec", 4))

@@ -200,7 +200,8 @@ Result<ReplayReport> ReplayVllm(const Trace& trace, const vllm::KvCacheConfig& c
                                 const ReplayOptions& o) {
   HKV_RETURN_IF_ERROR(sim_internal::CheckReplayInputs(trace, o));
   HKV_RETURN_IF_ERROR(CheckVllmConfig(config, o));
-  HKV_ASSIGN_OR_RETURN(vllm::KvCacheManager manager, vllm::KvCacheManager::Create(config));
+  HKV_ASSIGN_OR_RETURN(vllm::KvCacheManager manager,
+                       vllm::KvCacheManager::Create(config, {.policy = o.vllm_policy}));
   sim_internal::ReplayBook book(trace, o);
   ReplayReport& report = book.report();
   report.num_blocks = config.usable_blocks();

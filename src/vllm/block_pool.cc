@@ -33,6 +33,22 @@ void BlockPool::Append(int32_t block) {
   ++num_free_;
 }
 
+void BlockPool::Prepend(int32_t block) {
+  Meta& m = meta_[static_cast<size_t>(block)];
+  const int32_t first = meta_[static_cast<size_t>(head_)].next;
+  m.prev = head_;
+  m.next = first;
+  meta_[static_cast<size_t>(first)].prev = block;
+  meta_[static_cast<size_t>(head_)].next = block;
+  ++num_free_;
+}
+
+void BlockPool::Demote(int32_t block) {
+  if (block == kNullBlock || !is_free(block)) return;
+  Unlink(block);
+  Prepend(block);
+}
+
 void BlockPool::Unlink(int32_t block) {
   Meta& m = meta_[static_cast<size_t>(block)];
   meta_[static_cast<size_t>(m.prev)].next = m.next;
@@ -46,8 +62,12 @@ void BlockPool::Cache(int32_t block, const PrefixKey& key) {
   m.has_hash = true;
   m.key = key;
   m.dup_next = -1;
+  m.shared = false;
   const int32_t first = cached_.Emplace(key, block);
   if (first < 0) return;
+  // A second request computed the same prefix.
+  m.shared = true;
+  meta_[static_cast<size_t>(first)].shared = true;
   // vLLM keeps every block of an identity (tables stay append-only); the first one serves hits.
   int32_t b = first;
   while (meta_[static_cast<size_t>(b)].dup_next >= 0)
@@ -83,6 +103,7 @@ void BlockPool::MaybeEvict(int32_t block) {
   }
   m.dup_next = -1;
   m.has_hash = false;
+  m.shared = false;
   m.key = {};
 }
 
@@ -101,6 +122,7 @@ void BlockPool::Touch(int32_t block) {
   Meta& m = meta_[static_cast<size_t>(block)];
   if (m.ref_cnt == 0) Unlink(block);
   ++m.ref_cnt;
+  m.shared = m.shared || m.has_hash;  // a hit: another request reached this prefix
 }
 
 bool BlockPool::ResetPrefixCache() {
@@ -110,6 +132,7 @@ bool BlockPool::ResetPrefixCache() {
   for (int32_t b = 0; b < num_blocks_; ++b) {
     Meta& m = meta_[static_cast<size_t>(b)];
     m.has_hash = false;
+    m.shared = false;
     m.key = {};
     m.dup_next = -1;
   }

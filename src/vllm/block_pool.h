@@ -30,19 +30,40 @@ class BlockPool {
 
   // First block caching `key`, or -1.
   int32_t GetCachedBlock(const PrefixKey& key) const { return cached_.Find(key); }
+  // Starts loading where GetCachedBlock(key) will look, for loops that know their next keys.
+  void PrefetchCached(const PrefixKey& key) const { cached_.Prefetch(key); }
   void Cache(int32_t block, const PrefixKey& key);
   // Pops `n` blocks from the front (n <= num_free()), each with ref count 1.
   void GetNewBlocks(int32_t n, std::vector<int32_t>& out);
   void Touch(int32_t block);
-  // Decrements each block; those reaching zero join the queue's tail in the given order.
+  // Decrements each block; those reaching zero join the queue's tail in the given order (with
+  // unhashed_first, those without an identity join its front instead).
   template <typename It>
   void Free(It begin, It end) {
     for (It it = begin; it != end; ++it) {
       if (*it != kNullBlock) --meta_[static_cast<size_t>(*it)].ref_cnt;
     }
     for (It it = begin; it != end; ++it) {
-      if (*it != kNullBlock && meta_[static_cast<size_t>(*it)].ref_cnt == 0) Append(*it);
+      if (*it == kNullBlock) continue;
+      const Meta& m = meta_[static_cast<size_t>(*it)];
+      if (m.ref_cnt != 0) continue;
+      if (unhashed_first_ && !m.has_hash) {
+        Prepend(*it);
+      } else {
+        Append(*it);
+      }
     }
+  }
+  // The hybridkv policy's retention: blocks freed without an identity are evicted first.
+  void set_unhashed_first(bool on) { unhashed_first_ = on; }
+  // Moves a free block to the queue's front (evicted next); a held block is left as it is.
+  void Demote(int32_t block);
+  // The block's identity was cached by more than one request, or served a hit (a prefix that
+  // more than one request reached).
+  bool shared(int32_t block) const { return meta_[static_cast<size_t>(block)].shared; }
+  bool IdentityShared(const PrefixKey& key) const {
+    const int32_t b = cached_.Find(key);
+    return b >= 0 && meta_[static_cast<size_t>(b)].shared;
   }
   bool ResetPrefixCache();
   // _maybe_evict_cached_block: drops the block's identity if the prefix map holds it.
@@ -67,9 +88,11 @@ class BlockPool {
     int32_t ref_cnt = 0;
     int32_t dup_next = -1;  // next block with the same identity, in insertion order
     bool has_hash = false;
+    bool shared = false;  // see shared()
     PrefixKey key;
   };
   void Append(int32_t block);
+  void Prepend(int32_t block);
   void Unlink(int32_t block);
   void MaybeEvict(int32_t block);
 
@@ -80,6 +103,7 @@ class BlockPool {
   PrefixIndex cached_;
   int32_t num_duplicates_ = 0;
   std::vector<CacheEvent>* events_ = nullptr;
+  bool unhashed_first_ = false;
 };
 
 }  // namespace hkv::vllm

@@ -92,6 +92,15 @@ struct KvCacheManager::Impl {
                        return a.manager->spec().is_full_attention() &&
                               !b.manager->spec().is_full_attention();
                      });
+    if (o.policy == EvictionPolicy::kHybridKV) {
+      pool.set_unhashed_first(true);
+      int32_t attention = -1;
+      for (size_t g = 0; g < c.groups.size() && attention < 0; ++g) {
+        if (c.groups[g].spec.is_full_attention()) attention = static_cast<int32_t>(g);
+      }
+      for (auto& m : managers)
+        m->EnableStateRetention(attention);
+    }
   }
 
   Status CheckHashBlockSize(const Request& r) const {

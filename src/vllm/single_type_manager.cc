@@ -24,7 +24,18 @@ class FullAttentionManager final : public SingleTypeManager {
                            std::vector<BlockList>& out) const override {
     const int64_t max_blocks = std::min(max_length / block_size_, hashes.size());
     BlockList found;
+    // A prompt's probes are independent table reads: issued a few ahead, their misses overlap.
+    constexpr int64_t kAhead = 4;
+    auto prefetch = [&](int64_t i) {
+      if (i < max_blocks) {
+        for (const int32_t g : group_ids)
+          pool_->PrefetchCached(PrefixKey{hashes[i], g});
+      }
+    };
+    for (int64_t i = 0; i < kAhead; ++i)
+      prefetch(i);
     for (int64_t i = 0; i < max_blocks; ++i) {
+      prefetch(i + kAhead);
       if (!GetCachedBlock(hashes[i], group_ids, found)) break;
       for (size_t k = 0; k < group_ids.size(); ++k)
         out[k].push_back(found[k]);
@@ -33,10 +44,10 @@ class FullAttentionManager final : public SingleTypeManager {
   }
 
   int32_t NumCommonPrefixBlocks(RequestId id) const override {
-    const auto it = reqs_.find(id);
-    if (it == reqs_.end()) return 0;
+    const RequestTables* t = reqs_.Find(id);
+    if (t == nullptr) return 0;
     int32_t n = 0;
-    for (const int32_t b : it->second.blocks) {
+    for (const int32_t b : t->blocks) {
       if (pool_->ref_cnt(b) != static_cast<int32_t>(reqs_.size())) break;
       ++n;
     }
@@ -146,6 +157,7 @@ class MambaManager final : public SingleTypeManager {
 
   void RemoveSkippedBlocks(RequestId id, int64_t num_computed_tokens) override {
     SingleTypeManager::RemoveSkippedBlocks(id, num_computed_tokens);
+    if (retain_) StatesFreed(id, scratch_);  // newest first
     if (!align()) return;
     const auto it = last_state_block_idx_.find(id);
     if (it == last_state_block_idx_.end() ||
@@ -157,8 +169,14 @@ class MambaManager final : public SingleTypeManager {
     if (b != kNullBlock) {
       const int32_t one[1] = {b};
       pool_->Free(std::begin(one), std::end(one));
+      if (retain_) StatesFreed(id, one);
       b = kNullBlock;
     }
+  }
+
+  void EnableStateRetention(int32_t attention_group) override {
+    retain_ = true;
+    attention_group_ = attention_group;
   }
 
   int64_t NumBlocksToAllocate(RequestId id, int64_t num_tokens,
@@ -207,6 +225,8 @@ class MambaManager final : public SingleTypeManager {
       allocated_reqs_.erase(id);
       last_state_block_idx_.erase(id);
     }
+    // The last state a request moved past keeps its place: a follow-up turn hits it.
+    if (retain_) latest_freed_.erase(id);
     SingleTypeManager::Free(id);
   }
 
@@ -228,6 +248,43 @@ class MambaManager final : public SingleTypeManager {
   int64_t NumSkippedTokens(int64_t n) const override { return n - 1; }
 
  private:
+  // A state block as it was when its request freed it.
+  struct FreedState {
+    int32_t block = kNullBlock;
+    PrefixKey key;
+  };
+
+  // `freed` (newest first) left request `id`'s table: every state older than the newest is
+  // superseded by the next newer state of the same request.
+  void StatesFreed(RequestId id, std::span<const int32_t> freed) {
+    if (freed.empty()) return;
+    auto [it, fresh] = latest_freed_.try_emplace(id);
+    if (!fresh) Supersede(it->second, pool_->key(freed.back()));
+    for (size_t i = freed.size() - 1; i >= 1; --i)
+      Supersede({freed[i], pool_->key(freed[i])}, pool_->key(freed[i - 1]));
+    it->second = {freed[0], pool_->key(freed[0])};
+  }
+
+  // Demotes a superseded state that still holds its identity in the free queue, unless it is a
+  // branch point: it was hit, or it is the last state on a prefix another request also cached
+  // (the attention block ending where it ends is shared and the one ending where `newer` ends
+  // is not).
+  void Supersede(const FreedState& s, const PrefixKey& newer) {
+    const int32_t b = s.block;
+    if (b == kNullBlock || !pool_->is_free(b) || !pool_->has_hash(b) || !(pool_->key(b) == s.key))
+      return;
+    if (pool_->shared(b)) return;
+    if (attention_group_ >= 0 && pool_->IdentityShared({s.key.hash, attention_group_}) &&
+        !pool_->IdentityShared({newer.hash, attention_group_})) {
+      return;
+    }
+    pool_->Demote(b);
+  }
+
+  bool retain_ = false;
+  int32_t attention_group_ = -1;
+  std::unordered_map<RequestId, FreedState> latest_freed_;
+
   bool align() const { return spec_.mamba_cache_mode == MambaCacheMode::kAlign; }
 
   std::unordered_set<PrefixKey, PrefixKeyHash> cached_this_step_;
@@ -280,11 +337,9 @@ int64_t SingleTypeManager::NumBlocksToAllocate(RequestId id, int64_t num_tokens,
   int64_t required = CeilDiv(num_tokens, block_size_);
   if (apply_admission_cap && admission_cap_ > 0)
     required = std::min<int64_t>(required, admission_cap_);
-  const auto it = reqs_.find(id);
-  const int64_t num_req_blocks =
-      it == reqs_.end() ? 0 : static_cast<int64_t>(it->second.blocks.size());
-  if (it != reqs_.end() && it->second.num_cached >= 0)
-    return std::max<int64_t>(required - num_req_blocks, 0);
+  const RequestTables* t = reqs_.Find(id);
+  const int64_t num_req_blocks = t == nullptr ? 0 : static_cast<int64_t>(t->blocks.size());
+  if (t != nullptr && t->num_cached >= 0) return std::max<int64_t>(required - num_req_blocks, 0);
   const int64_t skipped_blocks = NumSkippedTokens(total_computed_tokens) / block_size_;
   const int64_t local_computed = static_cast<int64_t>(new_computed.size()) + num_req_blocks;
   const int64_t num_new = std::max<int64_t>(required - std::max(skipped_blocks, local_computed), 0);
@@ -374,19 +429,19 @@ void SingleTypeManager::CacheBlocks(const Request& request, int64_t num_tokens,
 }
 
 void SingleTypeManager::Free(RequestId id) {
-  const auto it = reqs_.find(id);
-  if (it == reqs_.end()) return;
-  pool_->Free(it->second.blocks.rbegin(), it->second.blocks.rend());
-  reqs_.erase(it);
+  const RequestTables* t = reqs_.Find(id);
+  if (t == nullptr) return;
+  pool_->Free(t->blocks.rbegin(), t->blocks.rend());
+  reqs_.Erase(id);
 }
 
 void SingleTypeManager::RemoveSkippedBlocks(RequestId id, int64_t total_computed_tokens) {
+  scratch_.clear();  // after the call: the blocks it freed, newest first
   const int64_t skipped_tokens = NumSkippedTokens(total_computed_tokens);
   if (skipped_tokens <= 0) return;
   BlockList& blocks = reqs_[id].blocks;
   const int64_t n =
       std::min<int64_t>(skipped_tokens / block_size_, static_cast<int64_t>(blocks.size()));
-  scratch_.clear();
   for (int64_t i = n - 1; i >= 0; --i) {
     int32_t& b = blocks[static_cast<size_t>(i)];
     if (b == kNullBlock) break;
@@ -407,8 +462,8 @@ std::vector<int32_t> SingleTypeManager::TakeNewBlockIds() {
 }
 
 const BlockList* SingleTypeManager::blocks_of(RequestId id) const {
-  const auto it = reqs_.find(id);
-  return it == reqs_.end() ? nullptr : &it->second.blocks;
+  const RequestTables* t = reqs_.Find(id);
+  return t == nullptr ? nullptr : &t->blocks;
 }
 
 void SingleTypeManager::AddHolders(std::vector<int32_t>& holders) const {

@@ -61,6 +61,10 @@ class SingleTypeManager {
   virtual void RemoveSkippedBlocks(RequestId id, int64_t total_computed_tokens);
   virtual int32_t NumCommonPrefixBlocks(RequestId id) const;
   virtual void NewStepStarts() {}
+  // The hybridkv policy (EvictionPolicy::kHybridKV) for the groups it concerns: a Mamba group
+  // demotes the states a request has moved past; `attention_group` (or -1) is the full-attention
+  // group whose identities tell a shared prefix. Other groups ignore it.
+  virtual void EnableStateRetention(int32_t /*attention_group*/) {}
   // find_longest_cache_hit for the groups `group_ids` sharing this spec; `out[k]` gets group
   // group_ids[k]'s hit blocks.
   virtual void FindLongestCacheHit(const HashView& hashes, int64_t max_length,
@@ -91,8 +95,8 @@ class SingleTypeManager {
   void GrowTo(BlockList& blocks, int64_t num_blocks, BlockList* out);
   // num_cached_block.get(id, 0).
   int64_t NumCached(RequestId id) const {
-    const auto it = reqs_.find(id);
-    return it == reqs_.end() ? 0 : std::max<int64_t>(it->second.num_cached, 0);
+    const RequestTables* t = reqs_.Find(id);
+    return t == nullptr ? 0 : std::max<int64_t>(t->num_cached, 0);
   }
 
   KvCacheSpec spec_;
@@ -107,7 +111,41 @@ class SingleTypeManager {
     BlockList blocks;
     int64_t num_cached = -1;
   };
-  std::unordered_map<RequestId, RequestTables> reqs_;
+  // The map plus the last entry looked up: one allocate_slots call asks for the same request
+  // three or four times, and the map's nodes stay put until erased.
+  class RequestMap {
+   public:
+    const RequestTables* Find(RequestId id) const {
+      if (last_ != nullptr && last_id_ == id) return last_;
+      const auto it = map_.find(id);
+      if (it == map_.end()) return nullptr;
+      return Remember(id, &it->second);
+    }
+    RequestTables& operator[](RequestId id) {
+      if (last_ != nullptr && last_id_ == id) return *last_;
+      return *Remember(id, &map_[id]);
+    }
+    void Erase(RequestId id) {
+      if (last_id_ == id) last_ = nullptr;
+      map_.erase(id);
+    }
+    size_t size() const { return map_.size(); }
+    bool empty() const { return map_.empty(); }
+    auto begin() const { return map_.begin(); }
+    auto end() const { return map_.end(); }
+
+   private:
+    // The cached pointer is into map_, which this object owns; const lookups may set it.
+    RequestTables* Remember(RequestId id, const RequestTables* t) const {
+      last_id_ = id;
+      last_ = const_cast<RequestTables*>(t);
+      return last_;
+    }
+    std::unordered_map<RequestId, RequestTables> map_;
+    mutable RequestId last_id_ = 0;
+    mutable RequestTables* last_ = nullptr;
+  };
+  RequestMap reqs_;
   std::vector<int32_t> new_block_ids_;
   BlockList scratch_;
 };

@@ -195,6 +195,86 @@ TEST(VllmManager, MambaAlignKeepsTheLastStateAndReleasesTheOneBefore) {
   EXPECT_TRUE(m.CheckInvariants().ok());
 }
 
+// --- the hybridkv policy (EvictionPolicy::kHybridKV): vLLM's layout, hybridkv's eviction order.
+
+TEST(VllmHybridkvPolicy, ABlockWithoutIdentityIsReusedBeforeACachedOne) {
+  for (const EvictionPolicy policy : {EvictionPolicy::kVllm, EvictionPolicy::kHybridKV}) {
+    KvCacheManager m = KvCacheManager::Create(FullConfig(3), {.policy = policy}).value();
+    Request r0(1, Iota(8), 4);  // two full blocks: 1 and 2, both cached
+    ASSERT_TRUE(Allocate(m, r0, 8, true).ok());
+    m.Free(1);
+    EXPECT_EQ(m.FreeQueue(), (std::vector<int32_t>{3, 2, 1}));
+    Request r1(2, Iota(5, 100), 4);  // takes 3 (cached: 100..103) and 2 (partial, no identity)
+    ASSERT_TRUE(Allocate(m, r1, 5, true).ok());
+    m.Free(2);
+    // vLLM appends both at the tail; the hybridkv policy puts the block without identity first.
+    const std::vector<int32_t> vllm_order = {1, 2, 3}, hybridkv_order = {2, 1, 3};
+    EXPECT_EQ(m.FreeQueue(), policy == EvictionPolicy::kVllm ? vllm_order : hybridkv_order);
+    Request r2(3, Iota(4, 200), 4);  // one block: vLLM evicts r0's first block, hybridkv none
+    ASSERT_TRUE(Allocate(m, r2, 4, true).ok());
+    Request again(4, Iota(8), 4);
+    EXPECT_EQ(m.GetComputedBlocks(again).value().num_tokens,
+              policy == EvictionPolicy::kVllm ? 0 : 4);
+    EXPECT_TRUE(m.CheckInvariants().ok());
+  }
+}
+
+// Full attention and a Mamba group in `all` mode, 4-token blocks, `blocks` usable.
+KvCacheConfig MambaAllConfig(int32_t blocks) {
+  KvCacheConfig c = FullConfig(blocks);
+  KvCacheSpec mamba;
+  mamba.type = SpecType::kMamba;
+  mamba.block_size = 4;
+  mamba.state_tensor_bytes = {16};
+  mamba.mamba_cache_mode = MambaCacheMode::kAll;
+  c.groups.push_back({mamba, {1}});
+  c.has_mamba = true;
+  c.mamba_cache_mode = MambaCacheMode::kAll;
+  return c;
+}
+
+TEST(VllmHybridkvPolicy, StatesARequestMovedPastGoFirstUnlessAnotherRequestHitThem) {
+  for (const EvictionPolicy policy : {EvictionPolicy::kVllm, EvictionPolicy::kHybridKV}) {
+    KvCacheManager m = KvCacheManager::Create(MambaAllConfig(30), {.policy = policy}).value();
+    Request r(1, Iota(16), 4);
+    ASSERT_TRUE(Allocate(m, r, 16, true).ok());
+    const std::vector<int32_t> states = m.GetBlockIds(1).groups[1];  // at 4, 8, 12, 16
+    ASSERT_EQ(states.size(), 4u);
+    r.num_computed_tokens = 16;
+    m.NewStepStarts();  // a state cached this step is not computed yet; the next step may hit it
+    // Another request shares the first 8 tokens and hits the state at 8.
+    std::vector<int32_t> other = Iota(8);
+    for (int32_t t : Iota(4, 500))
+      other.push_back(t);
+    Request follower(2, other, 4);
+    ASSERT_TRUE(Allocate(m, follower, 12, true).ok());
+    ASSERT_EQ(follower.num_computed_tokens, 8);
+    m.Free(2);
+    // A decode step: r frees its states at 4, 8 and 12 and keeps the one at 16.
+    r.AppendToken(99);
+    ASSERT_TRUE(Allocate(m, r, 1).ok());
+    const std::vector<int32_t> queue = m.FreeQueue();
+    const int32_t fresh = m.GetBlockIds(1).groups[0].back();  // the step's new attention block
+    if (policy == EvictionPolicy::kVllm) {
+      // vLLM: all at the tail, the newest first; the new block came from the queue's front.
+      EXPECT_EQ(std::vector<int32_t>(queue.end() - 3, queue.end()),
+                (std::vector<int32_t>{states[2], states[1], states[0]}));
+      EXPECT_EQ(std::find(states.begin(), states.end(), fresh), states.end());
+    } else {
+      // The state at 4 is superseded and is no branch point (the prefix is shared past it): it
+      // went to the front, so the step's new block evicted it. The one at 8 was hit (a branch
+      // point) and the one at 12 is the newest r moved past: both keep their place at the tail.
+      EXPECT_EQ(fresh, states[0]);
+      EXPECT_EQ(std::vector<int32_t>(queue.end() - 2, queue.end()),
+                (std::vector<int32_t>{states[2], states[1]}));
+      // The state at 12 is the one a follow-up turn hits.
+      Request turn(3, Iota(14), 4);
+      EXPECT_EQ(m.GetComputedBlocks(turn).value().num_tokens, 12);
+    }
+    EXPECT_TRUE(m.CheckInvariants().ok());
+  }
+}
+
 TEST(VllmManager, AFailedAllocationOrBadArgumentChangesNothing) {
   KvCacheManager m = KvCacheManager::Create(FullConfig(3)).value();
   Request a(1, Iota(8), 4);
@@ -397,9 +477,10 @@ TEST(VllmManager, CreateRefusesAConfigItCannotServe) {
   EXPECT_EQ(KvCacheManager::Create(c).status().code(), StatusCode::kInvalidArgument);
 }
 
-// Every supported bundled model, short of memory, over three seeds: the checker after every step
-// (ref counts = holders, the free queue = the unheld blocks, the prefix map names only blocks of
-// that identity) and nothing held at the end.
+// Every supported bundled model, short of memory, over three seeds, with vLLM's eviction order
+// and the hybridkv policy's: the checker after every step (ref counts = holders, the free queue =
+// the unheld blocks, the prefix map names only blocks of that identity) and nothing held at the
+// end.
 TEST(VllmManager, RandomReplaysKeepTheInvariants) {
   const char* models[] = {"meta-llama--Llama-3.1-8B",
                           "google--gemma-2-9b",
@@ -441,6 +522,8 @@ TEST(VllmManager, RandomReplaysKeepTheInvariants) {
         ro.token_budget = o.max_num_batched_tokens;
         ro.check_invariants = true;
         ro.record_requests = true;
+        // The policies alternate over the seeds, so each model runs both in either cache mode.
+        ro.vllm_policy = seed % 2 == 0 ? EvictionPolicy::kHybridKV : EvictionPolicy::kVllm;
         const Result<ReplayReport> r = ReplayVllm(trace, *c, ro);
         ASSERT_TRUE(r.ok()) << name << " seed " << seed << ": " << r.status().message();
         for (const RequestRecord& q : r->requests)

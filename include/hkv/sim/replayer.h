@@ -26,6 +26,7 @@
 #include <hkv/manager/manager_config.h>
 #include <hkv/sim/trace.h>
 #include <hkv/vllm/kv_cache_config.h>
+#include <hkv/vllm/kv_cache_manager.h>
 
 namespace hkv {
 
@@ -40,6 +41,8 @@ struct ReplayOptions {
   // vLLM replay only: scheduler_reserve_full_isl, the admission gate that requires the whole
   // prompt to fit (vLLM's default, on).
   bool reserve_full_prompt = true;
+  // vLLM replay only: vLLM's own eviction order, or hybridkv's within vLLM's layout.
+  vllm::EvictionPolicy vllm_policy = vllm::EvictionPolicy::kVllm;
   bool check_invariants = false;  // run the manager's checker after every step (tests)
   // hkv replays with two-level memory: compact between steps when CompactionDue says so, as the
   // reference engine does (its page copies are counted in ReplayReport::pages_moved).

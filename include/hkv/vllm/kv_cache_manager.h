@@ -92,9 +92,22 @@ struct AllocateArgs {
   bool full_sequence_must_fit = false;
 };
 
+// Which free block is evicted next. kVllm is vLLM's own order, call for call (the contract
+// above). kHybridKV keeps vLLM's layout, block tables, hit rules and every block id valid, and
+// changes only where freed blocks join the free queue (docs/vllm.md, "The hybridkv policy"):
+// - a block freed without an identity (a request's partial last block, a state block that never
+//   filled) joins the front: it holds nothing a hit could use, so it is reused before any cached
+//   block is evicted;
+// - a recurrent state a request has moved past (Mamba groups) is evicted first once the request
+//   frees a later one, unless another request hit it or shares the prefix it ends (a branch
+//   point): a hit needs the state at its exact end, and a chat follow-up hits the last one.
+// The outputs then differ from vLLM's (which blocks stay cached), never the validity of a hit.
+enum class EvictionPolicy : unsigned char { kVllm, kHybridKV };
+
 struct ManagerOptions {
   bool enable_caching = true;  // vLLM's enable_prefix_caching
   bool record_events = false;  // enable_kv_cache_events
+  EvictionPolicy policy = EvictionPolicy::kVllm;
 };
 
 // What vLLM's BlockPool queues for take_events, in ids rather than hashes: the adapter knows the

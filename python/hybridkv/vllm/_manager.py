@@ -17,7 +17,7 @@ import functools
 import weakref
 from typing import Any
 
-from hybridkv._hybridkv import VllmCore
+from hybridkv._hybridkv import VllmCore, _vllm_get_block_ids
 
 from . import _standins as v
 from ._standins import SPEC_KINDS, KVCacheBlocks
@@ -57,10 +57,9 @@ class IdBlocks(KVCacheBlocks):
         self._blocks = value
         self._ids = tuple([b.block_id for b in g] for g in value)
 
-    def get_block_ids(self, allow_none: bool = False):
-        if allow_none and not any(self._ids):
-            return None
-        return tuple(map(list, self._ids))  # the caller's own lists, as vLLM returns
+    # get_block_ids(allow_none=False): the caller's own lists, as vLLM returns, or None when
+    # allow_none and every group is empty. In C: the scheduler calls it per running request.
+    get_block_ids = _vllm_get_block_ids
 
     def get_unhashed_block_ids(self) -> list[int]:
         assert len(self._ids) == 1, "Only one group is supported"
@@ -143,13 +142,7 @@ class _EmptyBlocks(IdBlocks):
 
     def __init__(self, num_groups: int, core: VllmCore) -> None:  # noqa: D107
         super().__init__(tuple(() for _ in range(num_groups)), core)
-        self._n = num_groups
         self._blocks = self._ids
-
-    def get_block_ids(self, allow_none: bool = False):
-        if allow_none:
-            return None
-        return ([],) if self._n == 1 else tuple([] for _ in range(self._n))
 
 
 class _GroupView:
@@ -179,7 +172,13 @@ class _CoordinatorView:
 
 class KVCacheManager:
     """Drop-in for ``vllm.v1.core.kv_cache_manager.KVCacheManager`` (same constructor, methods,
-    properties and return types)."""
+    properties and return types).
+
+    ``policy`` (hybridkv's own keyword, after vLLM's): ``"vllm"`` answers every call as vLLM's
+    manager does; ``"hybridkv"`` keeps vLLM's layout, tables and hit rules and changes which free
+    block is evicted next (blocks without an identity first, then recurrent states a request has
+    moved past that nothing shares), so more of what later requests hit stays cached. See
+    docs/vllm.md."""
 
     def __init__(
         self,
@@ -194,7 +193,10 @@ class KVCacheManager:
         dcp_world_size: int = 1,
         pcp_world_size: int = 1,
         metrics_collector: Any = None,
+        policy: str = "vllm",
     ) -> None:
+        if policy not in ("vllm", "hybridkv"):
+            raise ValueError(f"hybridkv.vllm: policy {policy!r}: expected 'vllm' or 'hybridkv'")
         if use_eagle:
             raise NotImplementedError(
                 "hybridkv.vllm: EAGLE speculative decoding (use_eagle) drops the last hit block "
@@ -220,7 +222,8 @@ class KVCacheManager:
         self._core = VllmCore([_group_tuple(s, scale) for s in specs],
                               int(kv_cache_config.num_blocks), int(hash_block_size),
                               int(max_model_len), int(max_num_batched_tokens),
-                              bool(enable_caching), bool(enable_kv_cache_events))
+                              bool(enable_caching), bool(enable_kv_cache_events), policy)
+        self.policy = policy
         self._events_on = bool(enable_kv_cache_events)
         self.kv_cache_event_metadata = tuple(
             (v.spec_kind_value(s), v.get_kv_cache_spec_sliding_window(s)) for s in specs)
@@ -228,35 +231,33 @@ class KVCacheManager:
         self.block_pool = _PoolView(self)
         self.coordinator = _CoordinatorView(self)
         self._ids: dict[str, int] = {}
-        self._next_id = 1
         self._events: list = []
         self._event_hash: dict[int, bytes] = {}  # cached block -> its hash, for BlockRemoved
         # The per-step calls without a Python frame: C builtins with vLLM's signatures. The C
-        # allocate_slots cannot queue events, so with events on the Python one serves.
+        # allocate_slots cannot queue events, so with events on the Python one serves; the C
+        # get_computed_blocks keeps no statistics, so with log_stats the Python one serves.
         # What the builtins hold must not lead back to this manager (see IdBlocks): the slow
-        # path reaches it through a weak reference.
+        # paths reach it through a weak reference.
         me = weakref.ref(self)
 
-        def slow(*args, **kwargs):
+        def slow_allocate(*args, **kwargs):
             return KVCacheManager.allocate_slots(me(), *args, **kwargs)
 
+        def slow_computed(request):
+            return KVCacheManager.get_computed_blocks(me(), request)
+
         fast = VllmCore.fast_calls(self._core, self._ids, self.empty_kv_cache_blocks,
-                                   functools.partial(IdBlocks, core=self._core), slow)
+                                   functools.partial(IdBlocks, core=self._core), slow_allocate,
+                                   slow_computed, v.direct_token_count_type())
         (allocate, self.new_step_starts, self.get_num_common_prefix_blocks,
-         self.take_new_block_ids) = fast
+         self.take_new_block_ids, get_computed, self._rid) = fast
         if not self._events_on:
             self.allocate_slots = allocate
             self.take_events = list  # vLLM's block pool answers [] with events off
+        if self.enable_caching and not self.log_stats:
+            self.get_computed_blocks = get_computed
 
     # -- request ids ------------------------------------------------------------------------
-    def _rid(self, request_id: str) -> int:
-        rid = self._ids.get(request_id)
-        if rid is None:
-            rid = self._next_id
-            self._next_id += 1
-            self._ids[request_id] = rid
-        return rid
-
     def _wrap(self, ids):
         return IdBlocks(ids, self._core) if ids else self.empty_kv_cache_blocks
 

@@ -1,4 +1,8 @@
-"""Scheduler and AsyncScheduler: vLLM's own v1 schedulers, building hybridkv's KVCacheManager.
+"""vLLM's own v1 schedulers, building hybridkv's KVCacheManager.
+
+Scheduler and AsyncScheduler build it with the ``vllm`` policy (vLLM's manager, call for call);
+HybridkvScheduler and HybridkvAsyncScheduler with the ``hybridkv`` policy (vLLM's layout,
+hybridkv's eviction order).
 
 vLLM's Scheduler.__init__ constructs ``KVCacheManager(...)`` by the name its module imported.
 The subclasses point that name at hybridkv's class for the duration of the base constructor, so
@@ -7,6 +11,7 @@ events, context parallel sizes, hash block size, metrics) reaches the adapter un
 nothing else of the scheduler changes. AsyncScheduler is for deployments with async scheduling
 on: a custom scheduler class replaces vLLM's choice between the two, so pick the matching one.
 """
+import functools
 import threading
 
 import vllm.v1.core.sched.async_scheduler as _async  # type: ignore[import-not-found]
@@ -19,10 +24,10 @@ from ._manager import KVCacheManager
 _construct = threading.RLock()
 
 
-def _init_with_adapter(init, args, kwargs) -> None:
+def _init_with_adapter(init, args, kwargs, policy: str = "vllm") -> None:
     with _construct:
         saved = _sched.KVCacheManager
-        _sched.KVCacheManager = KVCacheManager
+        _sched.KVCacheManager = functools.partial(KVCacheManager, policy=policy)
         try:
             init(*args, **kwargs)
         finally:
@@ -39,3 +44,13 @@ class Scheduler(_sched.Scheduler):
 class AsyncScheduler(_async.AsyncScheduler):
     def __init__(self, *args, **kwargs) -> None:
         _init_with_adapter(super().__init__, args, kwargs)
+
+
+class HybridkvScheduler(_sched.Scheduler):
+    def __init__(self, *args, **kwargs) -> None:
+        _init_with_adapter(super().__init__, args, kwargs, "hybridkv")
+
+
+class HybridkvAsyncScheduler(_async.AsyncScheduler):
+    def __init__(self, *args, **kwargs) -> None:
+        _init_with_adapter(super().__init__, args, kwargs, "hybridkv")

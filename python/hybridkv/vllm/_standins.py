@@ -149,3 +149,22 @@ def _standin_kind(spec) -> str:
 def spec_kind_value(spec) -> str:
     kind = get_kv_cache_spec_kind(spec)
     return getattr(kind, "value", kind)
+
+
+def direct_token_count_type():
+    """vLLM's Request class when its ``num_tokens`` is ``len(self._all_token_ids)`` (checked on
+    a bare instance, not assumed), else None. The adapter's C allocate_slots then reads the
+    list's length itself instead of running the property's Python frame per call."""
+    try:
+        from vllm.v1.request import Request  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    try:
+        probe = object.__new__(Request)
+        probe._all_token_ids = [0, 0, 0]
+        ok = Request.num_tokens.fget(probe) == 3
+        probe._all_token_ids = []
+        ok = ok and Request.num_tokens.fget(probe) == 0
+    except Exception:  # noqa: BLE001 -- any other shape: keep reading the property
+        return None
+    return Request if ok else None
