@@ -255,6 +255,10 @@ class KvCacheManager:
 def generate_trace(*, requests: int = 200, seed: int = 1, session_gap: float = 50.0,
                    path: str | os.PathLike[str] | None = None) -> list[dict[str, object]]: ...
 def read_trace(path: str | os.PathLike[str]) -> list[dict[str, object]]: ...
+class VllmHitIds:
+    """A prefix hit's block ids held in C++ (get_computed_blocks' result)."""
+    def to_tuple(self) -> tuple[list[int], ...]: ...
+
 class VllmCore:
     """vLLM v1's KV cache manager restated in C++; hybridkv.vllm.KVCacheManager wraps it."""
     def __init__(self, groups: Sequence[tuple[str, int, int, int, str]], num_blocks: int,
@@ -289,6 +293,7 @@ class VllmCore:
     def fast_calls(core: VllmCore, ids: dict[str, int], empty: object,
                    wrap: Callable[[tuple], object], slow_allocate: Callable[..., object],
                    slow_computed: Callable[[object], object],
+                   wrap_hit: Callable[[VllmHitIds], object], hit_type: type,
                    direct_type: type | None = None) -> tuple[Callable[..., object], ...]: ...
     @property
     def num_blocks(self) -> int: ...

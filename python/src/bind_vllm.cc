@@ -80,6 +80,12 @@ py::tuple ToTuple(const vllm::GroupBlocks& b) {
   return t;
 }
 
+// A prefix hit's block ids kept in C++: get_computed_blocks' result is usually only handed back
+// to allocate_slots, so its Python lists (one int object per block) are built only if read.
+struct HitIds {
+  vllm::GroupBlocks blocks;
+};
+
 class VllmCore {
  public:
   VllmCore(const std::vector<GroupSpec>& groups, int32_t num_blocks, int32_t hash_block_size,
@@ -141,6 +147,10 @@ class VllmCore {
   void Free(RequestId id) {
     m_->Free(id);
     requests_.erase(id);
+  }
+
+  vllm::ComputedBlocks HitOf(RequestId id, int64_t num_tokens, const py::list& hashes) {
+    return Value(m_->GetComputedBlocks(Sync(id, num_tokens, hashes)));
   }
 
   py::tuple GetComputedBlocks(RequestId id, int64_t num_tokens, const py::list& hashes) {
@@ -238,11 +248,13 @@ struct FastState {
   py::object wrap;           // ids tuple -> KVCacheBlocks
   py::object slow_allocate;  // the adapter's Python allocate_slots
   py::object slow_computed;  // the adapter's Python get_computed_blocks
+  py::object wrap_hit;       // HitIds -> KVCacheBlocks whose ids stay in C++ until read
+  py::object hit_type;       // the class wrap_hit makes
   // A request class whose num_tokens is len(_all_token_ids) (vLLM's Request, checked by the
   // adapter), or None: the list's length is read without running the property's frame.
   py::object direct_type;
   py::object name_request_id, name_num_tokens, name_block_hashes, name_num_computed,
-      name_all_token_ids, name_ids, name_skip_reading;
+      name_all_token_ids, name_ids, name_skip_reading, name_hit;
   // The argument names, interned: keyword names from Python code are interned too, so a
   // pointer comparison finds them without a string compare.
   std::array<py::object, 9> arg_names;
@@ -315,30 +327,53 @@ ReadResult ReadRequest(FastState& f, PyObject* request, bool assign, RequestView
     rid_obj = py::reinterpret_borrow<py::object>(known);
   }
   ReadInt(rid_obj.ptr(), &out->rid);
-  py::object nt;
+  bool have_tokens = false;
   if (reinterpret_cast<PyObject*>(Py_TYPE(request)) == f.direct_type.ptr()) {
     py::object all =
         py::reinterpret_steal<py::object>(PyObject_GetAttr(request, f.name_all_token_ids.ptr()));
     if (!all) return ReadResult::kError;
-    if (PyList_Check(all.ptr())) nt = py::int_(PyList_GET_SIZE(all.ptr()));
+    if (PyList_Check(all.ptr())) {
+      out->num_tokens = PyList_GET_SIZE(all.ptr());
+      have_tokens = true;
+    }
   }
-  if (!nt)
-    nt = py::reinterpret_steal<py::object>(PyObject_GetAttr(request, f.name_num_tokens.ptr()));
+  if (!have_tokens) {
+    py::object nt =
+        py::reinterpret_steal<py::object>(PyObject_GetAttr(request, f.name_num_tokens.ptr()));
+    if (!nt) return ReadResult::kError;
+    if (!ReadInt(nt.ptr(), &out->num_tokens)) return ReadResult::kOther;
+  }
   py::object nc =
       py::reinterpret_steal<py::object>(PyObject_GetAttr(request, f.name_num_computed.ptr()));
   out->hashes =
       py::reinterpret_steal<py::object>(PyObject_GetAttr(request, f.name_block_hashes.ptr()));
-  if (!nt || !nc || !out->hashes) return ReadResult::kError;
-  if (!ReadInt(nt.ptr(), &out->num_tokens) || !ReadInt(nc.ptr(), &out->num_computed) ||
-      !PyList_Check(out->hashes.ptr())) {
+  if (!nc || !out->hashes) return ReadResult::kError;
+  if (!ReadInt(nc.ptr(), &out->num_computed) || !PyList_Check(out->hashes.ptr()))
     return ReadResult::kOther;
-  }
   return ReadResult::kOk;
 }
 
 // The block ids of the adapter's own KVCacheBlocks (its `_ids`: one list or tuple of ints per
 // group) into `out`, keeping its lists' capacity; false for anything else.
 bool ReadComputedIds(const FastState& f, PyObject* blocks, vllm::GroupBlocks& out) {
+  if (reinterpret_cast<PyObject*>(Py_TYPE(blocks)) == f.hit_type.ptr()) {
+    // Ids still in C++ unless something read (and so may have replaced) `_ids`.
+    PyObject** dict = _PyObject_GetDictPtr(blocks);
+    PyObject* read = dict != nullptr && *dict != nullptr
+                         ? PyDict_GetItemWithError(*dict, f.name_ids.ptr())
+                         : nullptr;
+    if (read == nullptr && PyErr_Occurred()) return false;
+    if (read == nullptr) {
+      py::object hit =
+          py::reinterpret_steal<py::object>(PyObject_GetAttr(blocks, f.name_hit.ptr()));
+      if (!hit || !py::isinstance<HitIds>(hit)) return false;
+      const vllm::GroupBlocks& src = hit.cast<const HitIds&>().blocks;
+      out.groups.resize(src.groups.size());
+      for (size_t g = 0; g < src.groups.size(); ++g)
+        out.groups[g].assign(src.groups[g].begin(), src.groups[g].end());
+      return true;
+    }
+  }
   py::object ids = py::reinterpret_steal<py::object>(PyObject_GetAttr(blocks, f.name_ids.ptr()));
   if (!ids || !PyTuple_Check(ids.ptr())) return false;
   const Py_ssize_t groups = PyTuple_GET_SIZE(ids.ptr());
@@ -496,11 +531,11 @@ PyObject* FastGetComputed(PyObject* self, PyObject* request) {
       return slow();
   }
   try {
-    py::tuple hit =
-        f.raw->GetComputedBlocks(r.rid, r.num_tokens, py::reinterpret_borrow<py::list>(r.hashes));
-    py::object ids = hit[0];
-    if (PyTuple_GET_SIZE(ids.ptr()) == 0) return py::make_tuple(f.empty, 0).release().ptr();
-    return py::make_tuple(f.wrap(ids), hit[1]).release().ptr();
+    vllm::ComputedBlocks hit =
+        f.raw->HitOf(r.rid, r.num_tokens, py::reinterpret_borrow<py::list>(r.hashes));
+    if (hit.blocks.empty()) return py::make_tuple(f.empty, 0).release().ptr();
+    py::object ids = py::cast(HitIds{std::move(hit.blocks)});
+    return py::make_tuple(f.wrap_hit(ids), hit.num_tokens).release().ptr();
   } catch (...) {
     PyErr_Clear();
     return slow();
@@ -582,8 +617,8 @@ PyMethodDef kFastCommonDef = {"get_num_common_prefix_blocks", &FastCommonPrefix,
 // new_step_starts, get_num_common_prefix_blocks, take_new_block_ids, get_computed_blocks,
 // assign_id).
 py::tuple MakeFastCalls(py::object core, py::object ids, py::object empty, py::object wrap,
-                        py::object slow_allocate, py::object slow_computed,
-                        py::object direct_type) {
+                        py::object slow_allocate, py::object slow_computed, py::object wrap_hit,
+                        py::object hit_type, py::object direct_type) {
   VllmCore* raw = &core.cast<VllmCore&>();
   auto intern = [](const char* name) {
     return py::reinterpret_steal<py::object>(PyUnicode_InternFromString(name));
@@ -595,6 +630,8 @@ py::tuple MakeFastCalls(py::object core, py::object ids, py::object empty, py::o
                           std::move(wrap),
                           std::move(slow_allocate),
                           std::move(slow_computed),
+                          std::move(wrap_hit),
+                          std::move(hit_type),
                           std::move(direct_type),
                           intern("request_id"),
                           intern("num_tokens"),
@@ -603,6 +640,7 @@ py::tuple MakeFastCalls(py::object core, py::object ids, py::object empty, py::o
                           intern("_all_token_ids"),
                           intern("_ids"),
                           intern("skip_reading_prefix_cache"),
+                          intern("_hit"),
                           {},
                           1};
   for (size_t i = 0; i < f->arg_names.size(); ++i)
@@ -628,6 +666,11 @@ py::tuple MakeFastCalls(py::object core, py::object ids, py::object empty, py::o
 }  // namespace
 
 void BindVllm(py::module_& m) {
+  py::class_<HitIds>(m, "VllmHitIds",
+                     "A prefix hit's block ids held in C++ (get_computed_blocks' result).")
+      .def(
+          "to_tuple", [](const HitIds& h) { return ToTuple(h.blocks); },
+          "Each group's block ids as a list.");
   {
     PyObject* fn = PyCFunction_NewEx(&kBlocksGetBlockIdsDef, nullptr, nullptr);
     if (fn == nullptr) throw py::error_already_set();
@@ -722,7 +765,7 @@ void BindVllm(py::module_& m) {
       .def_property_readonly("num_requests", &VllmCore::num_requests)
       .def_static("fast_calls", &MakeFastCalls, py::arg("core"), py::arg("ids"), py::arg("empty"),
                   py::arg("wrap"), py::arg("slow_allocate"), py::arg("slow_computed"),
-                  py::arg("direct_type") = py::none(),
+                  py::arg("wrap_hit"), py::arg("hit_type"), py::arg("direct_type") = py::none(),
                   "Builtins for the per-step calls, with vLLM's signatures: (allocate_slots, "
                   "new_step_starts, get_num_common_prefix_blocks, take_new_block_ids, "
                   "get_computed_blocks, assign_id). allocate_slots and get_computed_blocks serve "

@@ -17,7 +17,7 @@ import functools
 import weakref
 from typing import Any
 
-from hybridkv._hybridkv import VllmCore, _vllm_get_block_ids
+from hybridkv._hybridkv import VllmCore, VllmHitIds, _vllm_get_block_ids
 
 from . import _standins as v
 from ._standins import SPEC_KINDS, KVCacheBlocks
@@ -137,6 +137,20 @@ class _PoolView:
         return _block(self._m._core, 0)
 
 
+class _HitBlocks(IdBlocks):
+    """get_computed_blocks' result. vLLM's scheduler usually only hands it back to
+    allocate_slots, which reads the ids from C++; the Python lists are built on first read."""
+
+    def __init__(self, hit: VllmHitIds, core: VllmCore) -> None:  # noqa: D107
+        self._hit = hit
+        self._core = core
+        self._blocks = None
+
+    @functools.cached_property
+    def _ids(self) -> tuple:  # type: ignore[override]
+        return self._hit.to_tuple()
+
+
 class _EmptyBlocks(IdBlocks):
     """The manager's shared empty KVCacheBlocks (vLLM's empty_kv_cache_blocks)."""
 
@@ -248,7 +262,8 @@ class KVCacheManager:
 
         fast = VllmCore.fast_calls(self._core, self._ids, self.empty_kv_cache_blocks,
                                    functools.partial(IdBlocks, core=self._core), slow_allocate,
-                                   slow_computed, v.direct_token_count_type())
+                                   slow_computed, functools.partial(_HitBlocks, core=self._core),
+                                   _HitBlocks, v.direct_token_count_type())
         (allocate, self.new_step_starts, self.get_num_common_prefix_blocks,
          self.take_new_block_ids, get_computed, self._rid) = fast
         if not self._events_on:
