@@ -140,6 +140,26 @@ TEST_F(SimulateCommandTest, EvictsByCheckpointCoverageUnlessTold) {
   EXPECT_LT(on["scheduled_tokens"].get<int64_t>(), off["scheduled_tokens"].get<int64_t>());
 }
 
+// Bamba in vLLM's layout at 4 GiB: the hybridkv eviction policy keeps the states that later
+// requests hit, where vLLM's own order fills memory with states nothing will hit.
+TEST_F(SimulateCommandTest, TheVllmModeTakesTheHybridkvEvictionPolicy) {
+  args_.config = std::string(HKV_MODELS_DIR) + "/ibm-ai-platform--Bamba-9B";
+  args_.memory = "4GiB";
+  args_.allocator = "vllm";
+  args_.json = true;
+  const auto replay = [&](const char* policy) {
+    args_.vllm_policy = policy;
+    return FirstRun();
+  };
+  const nlohmann::json vllm = replay("vllm"), hybridkv = replay("hybridkv");
+  EXPECT_GT(hybridkv["hit_rate"].get<double>(), vllm["hit_rate"].get<double>());
+  EXPECT_LT(hybridkv["scheduled_tokens"].get<int64_t>(), vllm["scheduled_tokens"].get<int64_t>());
+  args_.vllm_policy = "lru";
+  std::string out, err;
+  EXPECT_NE(Run(out, err), 0);
+  EXPECT_NE(err.find("--vllm-policy 'lru'"), std::string::npos) << err;
+}
+
 TEST_F(SimulateCommandTest, TableCsvAndPlot) {
   args_.csv_dir = (dir_ / "csv").string();
   args_.plot = (dir_ / "modes.png").string();

@@ -64,6 +64,12 @@ Result<Inputs> Prepare(const SimulateArgs& args) {
   in.vllm.max_model_len = args.max_model_len;
   in.vllm.max_num_batched_tokens = args.budget;
   HKV_ASSIGN_OR_RETURN(in.vllm.mamba_cache_mode, vllm::ParseMambaCacheMode(args.mamba_cache_mode));
+  if (args.vllm_policy == "hybridkv") {
+    in.replay.vllm_policy = vllm::EvictionPolicy::kHybridKV;
+  } else if (args.vllm_policy != "vllm") {
+    return Status::InvalidArgument(
+        fmt::format("--vllm-policy '{}': expected vllm or hybridkv", args.vllm_policy));
+  }
   if (args.allocator == "all") {
     in.with_vllm = true;
     in.modes.assign(std::begin(kAllAllocatorModes), std::end(kAllAllocatorModes));
@@ -332,6 +338,11 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
   cmd->add_flag("--no-compact", args.no_compact,
                 "hkv modes with two-level memory: never compact (an engine that does not move "
                 "pages); by default they compact as the reference engine does");
+  cmd->add_option("--vllm-policy", args.vllm_policy,
+                  "vllm mode: which free block vLLM's manager evicts next: vllm (its own order) "
+                  "or hybridkv (blocks without identity and superseded recurrent states first; "
+                  "docs/vllm.md)")
+      ->capture_default_str();
   cmd->add_flag("--no-coverage", args.no_coverage,
                 "hkv modes on recurrent hybrids: evict attention pages and checkpoints each by its "
                 "own recency (ManagerConfig::evict_uncovered off)");
