@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import json
 import os
 import subprocess
 import sys
@@ -21,22 +20,11 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+from vllm_speed import run  # noqa: E402  (one run of scripts/vllm/run_scheduler.py)
 CONFIGS = ["llama3_8b", "gemma2_9b", "gemma3_4b", "gptoss_20b", "bamba_9b", "bamba_9b_align",
            "qwen3next", "jamba"]
 RECURRENT = {"bamba_9b", "bamba_9b_align", "qwen3next", "jamba"}
-
-
-def run(trace, config, kv_gib, scheduler_cls, env):
-    with tempfile.NamedTemporaryFile(suffix=".json") as out:
-        cmd = [sys.executable, os.path.join(ROOT, "scripts", "vllm", "run_scheduler.py"),
-               "--trace", trace, "--config", config, "--kv-gib", str(kv_gib),
-               "--json-out", out.name]
-        if scheduler_cls:
-            cmd += ["--scheduler-cls", scheduler_cls]
-        p = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        if p.returncode != 0:
-            return {"error": (p.stderr.strip().splitlines() or ["?"])[-1]}
-        return json.load(open(out.name))["results"][0]
 
 
 def cell(r):

@@ -154,7 +154,7 @@ class VllmCore {
   }
 
   py::tuple GetComputedBlocks(RequestId id, int64_t num_tokens, const py::list& hashes) {
-    const vllm::ComputedBlocks hit = Value(m_->GetComputedBlocks(Sync(id, num_tokens, hashes)));
+    const vllm::ComputedBlocks hit = HitOf(id, num_tokens, hashes);
     if (hit.blocks.empty()) return py::make_tuple(py::tuple(), 0);
     return py::make_tuple(ToTuple(hit.blocks), hit.num_tokens);
   }

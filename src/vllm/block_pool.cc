@@ -23,24 +23,22 @@ bool BlockPool::is_free(int32_t block) const {
   return meta_[static_cast<size_t>(block)].prev >= 0;
 }
 
-void BlockPool::Append(int32_t block) {
+void BlockPool::LinkAfter(int32_t block, int32_t prev) {
   Meta& m = meta_[static_cast<size_t>(block)];
-  const int32_t last = meta_[static_cast<size_t>(tail_)].prev;
-  m.prev = last;
-  m.next = tail_;
-  meta_[static_cast<size_t>(last)].next = block;
-  meta_[static_cast<size_t>(tail_)].prev = block;
+  const int32_t next = meta_[static_cast<size_t>(prev)].next;
+  m.prev = prev;
+  m.next = next;
+  meta_[static_cast<size_t>(prev)].next = block;
+  meta_[static_cast<size_t>(next)].prev = block;
   ++num_free_;
 }
 
+void BlockPool::Append(int32_t block) {
+  LinkAfter(block, meta_[static_cast<size_t>(tail_)].prev);
+}
+
 void BlockPool::Prepend(int32_t block) {
-  Meta& m = meta_[static_cast<size_t>(block)];
-  const int32_t first = meta_[static_cast<size_t>(head_)].next;
-  m.prev = head_;
-  m.next = first;
-  meta_[static_cast<size_t>(first)].prev = block;
-  meta_[static_cast<size_t>(head_)].next = block;
-  ++num_free_;
+  LinkAfter(block, head_);
 }
 
 void BlockPool::Demote(int32_t block) {

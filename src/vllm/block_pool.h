@@ -91,6 +91,7 @@ class BlockPool {
     bool shared = false;  // see shared()
     PrefixKey key;
   };
+  void LinkAfter(int32_t block, int32_t prev);  // into the queue, after `prev` (or head_)
   void Append(int32_t block);
   void Prepend(int32_t block);
   void Unlink(int32_t block);

@@ -160,17 +160,22 @@ TEST(VllmManager, MixedBlockSizesCacheOnlyWhatAHitConsults) {
   EXPECT_TRUE(m.CheckInvariants().ok());
 }
 
-TEST(VllmManager, MambaAlignKeepsTheLastStateAndReleasesTheOneBefore) {
-  KvCacheConfig c = FullConfig(20);
+// Full attention and a Mamba group in `mode`, 4-token blocks, `blocks` usable.
+KvCacheConfig MambaConfig(int32_t blocks, MambaCacheMode mode) {
+  KvCacheConfig c = FullConfig(blocks);
   KvCacheSpec mamba;
   mamba.type = SpecType::kMamba;
   mamba.block_size = 4;
   mamba.state_tensor_bytes = {16};
-  mamba.mamba_cache_mode = MambaCacheMode::kAlign;
+  mamba.mamba_cache_mode = mode;
   c.groups.push_back({mamba, {1}});
   c.has_mamba = true;
-  c.mamba_cache_mode = MambaCacheMode::kAlign;
-  KvCacheManager m = KvCacheManager::Create(c).value();
+  c.mamba_cache_mode = mode;
+  return c;
+}
+
+TEST(VllmManager, MambaAlignKeepsTheLastStateAndReleasesTheOneBefore) {
+  KvCacheManager m = KvCacheManager::Create(MambaConfig(20, MambaCacheMode::kAlign)).value();
   Request r(1, Iota(16), 4);
   // First chunk of 8: one state block at the chunk's end, a null block before it.
   ASSERT_TRUE(Allocate(m, r, 8, true).ok());
@@ -219,23 +224,10 @@ TEST(VllmHybridkvPolicy, ABlockWithoutIdentityIsReusedBeforeACachedOne) {
   }
 }
 
-// Full attention and a Mamba group in `all` mode, 4-token blocks, `blocks` usable.
-KvCacheConfig MambaAllConfig(int32_t blocks) {
-  KvCacheConfig c = FullConfig(blocks);
-  KvCacheSpec mamba;
-  mamba.type = SpecType::kMamba;
-  mamba.block_size = 4;
-  mamba.state_tensor_bytes = {16};
-  mamba.mamba_cache_mode = MambaCacheMode::kAll;
-  c.groups.push_back({mamba, {1}});
-  c.has_mamba = true;
-  c.mamba_cache_mode = MambaCacheMode::kAll;
-  return c;
-}
-
 TEST(VllmHybridkvPolicy, StatesARequestMovedPastGoFirstUnlessAnotherRequestHitThem) {
   for (const EvictionPolicy policy : {EvictionPolicy::kVllm, EvictionPolicy::kHybridKV}) {
-    KvCacheManager m = KvCacheManager::Create(MambaAllConfig(30), {.policy = policy}).value();
+    KvCacheManager m =
+        KvCacheManager::Create(MambaConfig(30, MambaCacheMode::kAll), {.policy = policy}).value();
     Request r(1, Iota(16), 4);
     ASSERT_TRUE(Allocate(m, r, 16, true).ok());
     const std::vector<int32_t> states = m.GetBlockIds(1).groups[1];  // at 4, 8, 12, 16
