@@ -216,7 +216,11 @@ Status BlockPool::Allocate(int32_t n, std::vector<int32_t>& out) {
     return Status::ResourceExhausted(fmt::format("allocate {} blocks: only {} free", n, num_free_));
   }
   for (int32_t k = 0; k < n; ++k) {
-    const int32_t b = head_;
+    int32_t b = head_;
+    // Blocks worth nothing are interchangeable: take one beside the blocks just allocated.
+    if (pack_ && (tick_[static_cast<size_t>(b)] == 0 || !has_key_[static_cast<size_t>(b)])) {
+      b = NextPacked();
+    }
     Unlink(b);
     DropIdentity(b);  // the lazy eviction happens here, when the block is reused
     ref_[static_cast<size_t>(b)] = 1;
@@ -224,6 +228,28 @@ Status BlockPool::Allocate(int32_t n, std::vector<int32_t>& out) {
     out.push_back(b);
   }
   return Status::Ok();
+}
+
+int32_t BlockPool::NextPacked() {
+  if (fill_ >= 0) {
+    const int32_t first = fill_ * segment_blocks_ + 1;
+    const int32_t end = first + segment_blocks_;
+    for (int pass = 0; pass < 2; ++pass) {
+      for (; fill_next_ < end; ++fill_next_) {
+        const auto i = static_cast<size_t>(fill_next_);
+        if (on_list_[i] && (tick_[i] == 0 || !has_key_[i])) return fill_next_++;
+      }
+      // Blocks behind the cursor may have been freed since it passed them: look once more.
+      if (fill_wrapped_) break;
+      fill_wrapped_ = true;
+      fill_next_ = first;
+    }
+  }
+  // Fill the head's segment next: it holds the least valuable blocks, likely more than one.
+  fill_ = segment_of(head_);
+  fill_next_ = fill_ * segment_blocks_ + 1;
+  fill_wrapped_ = true;  // the walk starts at the segment's beginning
+  return head_;
 }
 
 Status BlockPool::Acquire(int32_t block) {
@@ -429,6 +455,7 @@ Status BlockPool::RemoveSegment(int32_t segment) {
   }
   MoveSegment(segment, kUnowned);
   num_owned_ -= segment_blocks_;
+  if (fill_ == segment) fill_ = -1;
   return Status::Ok();
 }
 

@@ -43,12 +43,18 @@ Result<SlabArena> SlabArena::Create(int64_t num_slabs, std::span<const int32_t> 
 
 Result<std::vector<BlockPool>> SlabArena::MakePools(bool record_events) const {
   auto clock = std::make_shared<uint64_t>(0);
+  const bool whole_slab_pages =
+      pages_per_slab_.size() > 1 &&
+      std::find(pages_per_slab_.begin(), pages_per_slab_.end(), 1) != pages_per_slab_.end();
   std::vector<BlockPool> pools;
   pools.reserve(pages_per_slab_.size());
   for (int32_t per : pages_per_slab_) {
     HKV_ASSIGN_OR_RETURN(
         BlockPool pool,
         BlockPool::CreateSegmented(static_cast<int32_t>(num_slabs()), per, clock, record_events));
+    // Packing pays where some class's page is a whole slab (a recurrent state): only a slab
+    // no other class holds a page in can take one.
+    pool.set_pack_segments(whole_slab_pages);
     pools.push_back(std::move(pool));
   }
   return pools;
@@ -89,9 +95,23 @@ int32_t SlabArena::Donor(std::span<BlockPool> pools, std::span<const int64_t> ne
     if (Spare(pools, q, need[q]) < 1) continue;
     const int32_t plain = FirstUnkept(bq, bq.OldestEmptyUncached());
     if (plain >= 0) {
-      from = static_cast<int32_t>(q);
-      age = 0;  // caches nothing: older than anything
-      return plain;
+      // A slab caching nothing costs its class nothing while the class's other uncached pages
+      // still cover its need; otherwise the class will evict its least recently freed cached
+      // page instead, and the slab is worth that page's age.
+      if (bq.num_free() - bq.num_free_cached() - pages_per_slab_[q] >= need[q]) {
+        from = static_cast<int32_t>(q);
+        age = 0;  // caches nothing: older than anything
+        return plain;
+      }
+      int32_t victim = bq.NextFree(-1);
+      while (victim >= 0 && !bq.has_identity(victim))
+        victim = bq.NextFree(victim);
+      const uint64_t tick = victim < 0 ? 0 : bq.free_tick(victim);
+      if (best < 0 || tick < best_tick) {
+        best = plain;
+        best_tick = tick;
+        from = static_cast<int32_t>(q);
+      }
     }
     const int32_t seg = FirstUnkept(bq, bq.OldestEmptyCached());
     if (seg < 0) continue;

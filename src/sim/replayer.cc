@@ -215,6 +215,7 @@ Result<ReplayReport> Replay(const Trace& trace, const ManagerConfig& config,
   HkvDriven driven(mc, manager, report, o.compact);
   sim_internal::StepLoop loop(o, book, driven, std::move(reqs));
   HKV_RETURN_IF_ERROR(loop.Run());
+  report.manager_stats = manager.stats();
   return book.Finish();
 }
 

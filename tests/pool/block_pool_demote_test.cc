@@ -112,5 +112,54 @@ TEST(BlockPoolDemote, AnEmptySegmentOfDemotedBlocksSortsFirst) {
   EXPECT_NE(q.OldestEmptyCached(), seg);
 }
 
+// Packing: blocks worth nothing (demoted here) are interchangeable, so a packing pool takes them
+// one segment at a time, leaving the other segments without a held block; a plain pool takes
+// them in free-list order, one in every segment. Blocks that are worth something are still taken
+// in eviction order.
+TEST(BlockPoolDemote, PackingTakesWorthlessBlocksOneSegmentAtATime) {
+  const auto run = [](bool pack, std::vector<int32_t>& got) {
+    BlockPool p = BlockPool::CreateSegmented(3, 4, std::make_shared<uint64_t>(0)).value();
+    p.set_pack_segments(pack);
+    for (int32_t s = 0; s < 3; ++s)
+      EXPECT_TRUE(p.AddSegment(s).ok());
+    std::vector<int32_t> all;
+    EXPECT_TRUE(p.Allocate(12, all).ok());
+    for (int32_t b : all)
+      EXPECT_TRUE(p.Publish(b, Key(static_cast<uint64_t>(b) + 100)).ok());
+    // Freed and demoted interleaved over the segments: 1, 5, 9, 2, 6, 10, ...
+    for (int32_t k = 0; k < 4; ++k) {
+      for (int32_t s = 0; s < 3; ++s) {
+        const int32_t b = s * 4 + k + 1;
+        EXPECT_TRUE(p.Free({&b, 1}).ok());
+        EXPECT_TRUE(p.Demote(b).ok());
+      }
+    }
+    ExpectValid(p);
+    EXPECT_TRUE(p.Allocate(4, got).ok());
+    ExpectValid(p);
+    return p.num_empty_segments();
+  };
+  std::vector<int32_t> packed, plain;
+  EXPECT_EQ(run(true, packed), 2);
+  EXPECT_EQ(run(false, plain), 0);
+  EXPECT_EQ(packed, (std::vector<int32_t>{1, 2, 3, 4}));
+  EXPECT_EQ(plain, (std::vector<int32_t>{1, 5, 9, 2}));
+
+  // Blocks freed with normal retention keep their eviction order, packing or not.
+  BlockPool q = BlockPool::CreateSegmented(2, 2, std::make_shared<uint64_t>(0)).value();
+  q.set_pack_segments(true);
+  ASSERT_TRUE(q.AddSegment(0).ok());
+  ASSERT_TRUE(q.AddSegment(1).ok());
+  std::vector<int32_t> all, again;
+  ASSERT_TRUE(q.Allocate(4, all).ok());
+  for (int32_t b : all)
+    ASSERT_TRUE(q.Publish(b, Key(static_cast<uint64_t>(b) + 200)).ok());
+  const std::vector<int32_t> order = {1, 3, 2, 4};
+  ASSERT_TRUE(q.Free(order).ok());
+  ASSERT_TRUE(q.Allocate(2, again).ok());
+  EXPECT_EQ(again, (std::vector<int32_t>{1, 3}));
+  ExpectValid(q);
+}
+
 }  // namespace
 }  // namespace hkv

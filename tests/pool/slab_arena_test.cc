@@ -379,5 +379,42 @@ TEST(SlabArenaTest, SegmentCallsRejectWrongArgumentsAndChangeNothing) {
   EXPECT_TRUE(p.CheckInvariants().ok());
 }
 
+// A slab caching nothing is free to take only while its class has other uncached pages for its
+// own need. Here the state class (one page per slab) keeps a cached checkpoint and one empty
+// page, and needs one page; the attention class needs one and has only demoted pages. Taking the
+// state class's empty slab would make it evict its checkpoint to serve its need, so the attention
+// class reuses a demoted page of its own instead, and the checkpoint survives.
+TEST(SlabArenaTest, AnUncachingSlabItsClassStillNeedsIsNotTakenFromIt) {
+  Memory m(3, {1, 4});
+  std::vector<std::vector<int32_t>> got;
+  ASSERT_TRUE(m.Take({2, 4}, got).ok());
+  const int32_t checkpoint = got[0][0], empty = got[0][1];
+  ASSERT_TRUE(m.pools[0].Publish(checkpoint, Key(1)).ok());
+  for (size_t k = 0; k < got[1].size(); ++k)
+    ASSERT_TRUE(m.pools[1].Publish(got[1][k], Key(10 + k, 1)).ok());
+  ASSERT_TRUE(m.pools[1].Free(got[1]).ok());
+  for (int32_t b : got[1])
+    ASSERT_TRUE(m.pools[1].Demote(b).ok());
+  ASSERT_TRUE(m.pools[0].Free({&checkpoint, 1}).ok());
+  ASSERT_TRUE(m.pools[0].Free({&empty, 1}, Retention::kLow).ok());
+  m.Check();
+
+  std::vector<std::vector<int32_t>> next;
+  ASSERT_TRUE(m.Take({1, 1}, next).ok());
+  m.Check();
+  EXPECT_EQ(next[0], std::vector<int32_t>{empty});
+  EXPECT_EQ(m.pools[0].Find(Key(1)), checkpoint);
+  EXPECT_EQ(m.arena.owner(m.pools[0].segment_of(empty)), 0);
+
+  // Once the class has an uncached page beyond its need, its empty slab is free to take again.
+  ASSERT_TRUE(m.pools[0].Free(next[0], Retention::kLow).ok());
+  ASSERT_TRUE(m.pools[1].Free(next[1], Retention::kLow).ok());
+  std::vector<std::vector<int32_t>> third;
+  ASSERT_TRUE(m.Take({0, 4}, third).ok());
+  m.Check();
+  EXPECT_EQ(m.arena.owner(m.pools[0].segment_of(empty)), 1);
+  EXPECT_EQ(m.pools[0].Find(Key(1)), checkpoint);
+}
+
 }  // namespace
 }  // namespace hkv

@@ -121,6 +121,17 @@ nlohmann::json RunJson(const Run& run, bool with_timings) {
                      {"pages_moved", r.pages_moved},
                      {"slabs_compacted", r.slabs_compacted}};
   if (!run.mode) j["block_id_digest"] = r.block_id_digest;
+  if (run.mode) {
+    const ManagerStats& m = r.manager_stats;
+    j["manager"] = {{"lookups", m.lookups},
+                    {"hit_tokens", m.hit_tokens},
+                    {"allocations_failed", m.allocations_failed},
+                    {"branch_blocks_given_back", m.branch_blocks_given_back},
+                    {"rolling_states_given_back", m.rolling_states_given_back},
+                    {"uncovered_blocks_demoted", m.uncovered_blocks_demoted},
+                    {"unreachable_checkpoints_demoted", m.unreachable_checkpoints_demoted},
+                    {"superseded_hits_demoted", m.superseded_hits_demoted}};
+  }
   j["state_splits"] = {{"per_step", r.state_splits_per_step()},
                        {"max_step", r.max_step_state_splits},
                        {"max_request", r.max_request_state_splits}};

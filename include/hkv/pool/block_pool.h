@@ -55,8 +55,19 @@ class BlockPool {
                                            std::shared_ptr<uint64_t> clock,
                                            bool record_events = true);
 
-  // Appends n fresh blocks (ref 1) to `out`, all or nothing.
+  // Appends n fresh blocks (ref 1) to `out`, all or nothing, in eviction order. With packing on
+  // (set_pack_segments), blocks worth nothing (no identity, or queued at the head) are
+  // interchangeable, so while the head is one of them Allocate takes one in the segment it took
+  // the previous one from, if there is one: a class's held blocks then gather in few segments
+  // instead of one in every segment, and the arena can give whole segments to other classes.
   Status Allocate(int32_t n, std::vector<int32_t>& out);
+  // Packing (segmented pools of an arena with several classes); off by default.
+  void set_pack_segments(bool on) {
+    pack_ = on;
+    fill_ = -1;
+  }
+  bool pack_segments() const { return pack_; }
+
   // The block holding `key`, held or free, or -1.
   int32_t Find(const PrefixKey& key) const { return index_.Find(key); }
   // A hint that Find(key) comes soon (PrefixIndex::Prefetch).
@@ -203,6 +214,9 @@ class BlockPool {
   Status CheckSegments(const InvariantCounts& counts, int32_t& empty) const;
   Status CheckEmptySegmentLists(int32_t empty) const;
   Status CheckIndex(int32_t identities) const;
+  // Packing: a free block worth nothing in the segment being filled, else the head (whose
+  // segment is filled next). Only while the head is worth nothing.
+  int32_t NextPacked();
 
   std::vector<int32_t> ref_;
   std::vector<int32_t> prev_, next_;  // free-list links, -1 at the ends
@@ -231,6 +245,10 @@ class BlockPool {
   std::vector<uint64_t> seg_tick_;
   int32_t empty_head_[2] = {-1, -1}, empty_tail_[2] = {-1, -1};
   int32_t num_empty_ = 0;
+  bool pack_ = false;
+  int32_t fill_ = -1;          // the segment being filled, -1 none
+  int32_t fill_next_ = 0;      // next block of fill_ to look at
+  bool fill_wrapped_ = false;  // fill_next_ went back to the segment's start once
 };
 
 }  // namespace hkv

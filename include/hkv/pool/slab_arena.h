@@ -18,7 +18,13 @@
 //   instead when there is an unassigned or uncaching one, or when another class's empty slab
 //   became empty strictly before the page it would evict was freed: eviction follows one age
 //   order across classes, and between two things worth nothing (demoted pages and slabs, both of
-//   age 0) a class evicts its own.
+//   age 0) a class evicts its own. An uncaching slab is free to take only while its class's other
+//   uncached pages still cover that class's need; otherwise taking it makes the class evict its
+//   least recently freed cached page, and the slab counts as that old (so a slab a class was
+//   just given for its need is never taken back in the same call).
+// - Arenas where some class's page is a whole slab (a recurrent state) pack: each pool reuses its
+//   worthless pages (no identity, or demoted) segment by segment (BlockPool::set_pack_segments),
+//   so a class's held pages gather in few slabs and the others can empty whole.
 // - Stranded pages are free pages that cache nothing inside slabs that still hold pages of
 //   their class: no other class can use them. Usage() measures them; a class takes a new slab
 //   only when it has no such page left, so they never exceed what its own frees left behind.

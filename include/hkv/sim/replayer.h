@@ -23,6 +23,7 @@
 #include <vector>
 
 #include <hkv/common/result.h>
+#include <hkv/manager/kv_cache_manager.h>
 #include <hkv/manager/manager_config.h>
 #include <hkv/sim/trace.h>
 #include <hkv/vllm/kv_cache_config.h>
@@ -106,6 +107,9 @@ struct ReplayReport {
   // (per scheduled request in order: its id, then per group the ids - all of an admitted
   // request's, the new ones of a running request's), so equal digests mean equal block ids.
   uint64_t block_id_digest = 0;
+  // hkv replays: the manager's counters at the end (KvCacheManager::stats), so a figure can be
+  // traced to the rule behind it (give-backs, demotions, refused allocations).
+  ManagerStats manager_stats{};
 
   double hit_rate() const;
   double hit_rate_incl_readmissions() const;
