@@ -63,6 +63,7 @@ class ManagerConfig:
     drop_last_hit_block: bool
     coherent_eviction: bool
     evict_uncovered: bool
+    prompt_checkpoints: bool
     record_events: bool
     def __init__(self) -> None: ...
     @staticmethod

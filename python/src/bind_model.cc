@@ -122,6 +122,7 @@ void BindConfigs(py::module_& m) {
       .def_readwrite("drop_last_hit_block", &ManagerConfig::drop_last_hit_block)
       .def_readwrite("coherent_eviction", &ManagerConfig::coherent_eviction)
       .def_readwrite("evict_uncovered", &ManagerConfig::evict_uncovered)
+      .def_readwrite("prompt_checkpoints", &ManagerConfig::prompt_checkpoints)
       .def_readwrite("record_events", &ManagerConfig::record_events)
       .def(
           "validate", [](const ManagerConfig& c) { Check(c.Validate()); },

@@ -491,3 +491,26 @@ def test_a_follow_up_demotes_the_checkpoint_it_continued_from(bamba, on):
     assert s.superseded_hits_demoted == (1 if on else 0)
     assert s.uncovered_blocks_demoted == 0 and s.unreachable_checkpoints_demoted == 0
     mgr.check_invariants()
+
+
+def test_without_prompt_checkpoints_a_repeated_prompt_is_checkpointed_at_its_branch(bamba):
+    hits = {}
+    for on in (True, False):
+        cfg = hybridkv.make_allocator(bamba, "hybridkv", memory="4GiB").config
+        assert not cfg.prompt_checkpoints  # the simulator's modes admit states by expected reuse
+        cfg.prompt_checkpoints = on
+        mgr = hybridkv.KvCacheManager(cfg)
+        prompt = np.arange(100, dtype=np.int32)
+        run_prompt(mgr, 1, prompt)
+        for t in range(20):  # decodes past the prompt: its final state is at 112
+            mgr.append_tokens(1, [5000 + t])
+            mgr.allocate(1, 1)
+            mgr.commit(1, 101 + t)
+        mgr.free(1)
+        hits[on] = [run_prompt(mgr, 2, prompt).tokens]
+        mgr.free(2)
+        hits[on].append(run_prompt(mgr, 3, prompt).tokens)
+        mgr.free(3)
+        mgr.check_invariants()
+    assert hits[True] == [96, 96]
+    assert hits[False] == [0, 96]

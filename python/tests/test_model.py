@@ -94,7 +94,7 @@ def test_hand_made_config_is_validated():
         setattr(c, name, 3)
         assert getattr(c, name) == 3
     for name in ("enable_prefix_caching", "demote_superseded_checkpoints", "drop_last_hit_block",
-                 "coherent_eviction", "evict_uncovered", "record_events"):
+                 "coherent_eviction", "evict_uncovered", "prompt_checkpoints", "record_events"):
         setattr(c, name, False)
         assert getattr(c, name) is False
     assert c.num_slabs == 0 and c.pages_per_slab == []

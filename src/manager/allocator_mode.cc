@@ -31,6 +31,7 @@ ManagerConfig BaseConfig(const ModelSpec& model, const PlanOptions& o) {
   }
   c.record_events = false;
   c.enable_prefix_caching = true;
+  c.prompt_checkpoints = false;  // a serving policy: states only where reuse is expected
   return c;
 }
 
@@ -176,6 +177,7 @@ Result<Allocator> MakeHybridKV(const Plan& plan) {
   a.mode = AllocatorMode::kHybridKV;
   HKV_ASSIGN_OR_RETURN(a.config, ManagerConfig::FromPlan(plan));
   a.config.record_events = false;
+  a.config.prompt_checkpoints = false;
   for (const KvGroup& g : plan.groups) {
     if (g.is_state()) {
       a.state_page_bytes = g.page_bytes;

@@ -99,7 +99,7 @@ bool CacheCore::IsCheckpoint(const Request& r, int64_t p) const {
   if (p <= 0 || p % align != 0) return false;
   if (config.checkpoint_interval > 0 && p % config.checkpoint_interval == 0) return true;
   if (p == r.divergence) return true;
-  return p == PromptCheckpoint(r);
+  return config.prompt_checkpoints && p == PromptCheckpoint(r);
 }
 
 bool CacheCore::IsIntervalOnly(const Request& r, int64_t p) const {
@@ -130,7 +130,7 @@ void CacheCore::PlanSnapshots(const Request& r, int64_t begin, int64_t end, int6
     };
     if (divergence > begin && divergence <= last) add(divergence);
     const int64_t prompt_ckpt = PromptCheckpoint(r);
-    if (prompt_ckpt > begin && prompt_ckpt <= last) add(prompt_ckpt);
+    if (config.prompt_checkpoints && prompt_ckpt > begin && prompt_ckpt <= last) add(prompt_ckpt);
     const int64_t rolling = last / align * align;
     const bool end_rolls = end % align == 0 && end <= known;
     if (rolling > begin && !end_rolls) add(rolling);

@@ -196,6 +196,31 @@ TEST(Engine, CompactionAvoidsPreemptionsAndStaysExact) {
   RecordProperty("preemptions_with_compaction", std::to_string(preemptions[1]));
 }
 
+// Recurrent checkpoints admitted by expected reuse (ManagerConfig::prompt_checkpoints off, what
+// the simulator's modes run): no prompt-end checkpoints, only branch points and the states
+// requests end with. Every logit still equals dense, and hits on checkpoints still happen.
+TEST(Engine, CheckpointsAdmittedByExpectedReuseStayExact) {
+  LoadOptions load{DType::kFP32, DType::kFP32, DType::kFP32};
+  const uint64_t seeds = testing::kSanitized ? 2 : 6;
+  for (const char* name :
+       {"ibm-ai-platform--Bamba-9B", "ai21labs--Jamba-v0.1", "Qwen--Qwen3-Next-80B-A3B-Instruct"}) {
+    auto real = LoadModelConfig(std::string(HKV_MODELS_DIR) + "/" + name, load);
+    ASSERT_TRUE(real.ok()) << real.status().ToString();
+    int64_t checkpoint_hits = 0;
+    for (uint64_t seed = 1; seed <= seeds; ++seed) {
+      VerifyOptions o;
+      o.seed = seed;
+      o.prompt_checkpoints = false;
+      auto r = RunVerify(*real, o);
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      EXPECT_TRUE(r->completed) << name << " seed " << seed;
+      EXPECT_EQ(r->mismatches, 0) << name << " seed " << seed;
+      checkpoint_hits += r->features.checkpoint_hits;
+    }
+    EXPECT_GT(checkpoint_hits, 0) << name;
+  }
+}
+
 TEST(Engine, RejectsBadRequestsWithoutQueueingThem) {
   LoadOptions load{DType::kFP32, DType::kFP32, DType::kFP32};
   auto real = LoadModelConfig(std::string(HKV_MODELS_DIR) + "/meta-llama--Llama-3.1-8B", load);

@@ -153,6 +153,38 @@ TEST(CheckpointRetention, TheDivergencePointIsABranchAndKeepsItsPlace) {
   EXPECT_EQ(d.Lookup(3).tokens, 16);
 }
 
+// Admission by expected reuse (prompt_checkpoints off): the prompt's end is not checkpointed, so
+// a request that decodes past it leaves no state there, and an identical prompt misses once. That
+// second request finds the prompt's attention cached and checkpoints its branch point, which the
+// third one hits. With prompt checkpoints on, the second already hits the prompt's end.
+TEST(CheckpointRetention, WithoutPromptCheckpointsAPromptSeenTwiceIsCheckpointedAtItsBranch) {
+  for (const bool prompt_checkpoints : {false, true}) {
+    ManagerConfig c = Hybrid(0, 0);
+    c.prompt_checkpoints = prompt_checkpoints;
+    Driver d(c);
+    const std::vector<int32_t> prompt = Seq(27, 100);
+    d.Add(1, prompt);
+    d.Prefill(1);
+    NewCheckpoints(d);
+    for (int32_t t = 0; t < 9; ++t)
+      d.Decode(1, 900 + t);  // to 36 tokens: the final state at 36
+    d.Free(1);
+    d.Add(2, prompt);
+    if (prompt_checkpoints) {
+      EXPECT_EQ(d.Lookup(2).tokens, 24);
+      continue;
+    }
+    EXPECT_EQ(d.Lookup(2).tokens, 0) << "no state at the prompt's end (24) was admitted";
+    NewCheckpoints(d);
+    d.Prefill(2);
+    EXPECT_EQ(NewCheckpoints(d).size(), 1u);  // the branch point, 24 (also its rolling state)
+    d.Free(2);
+    d.Add(3, prompt);
+    EXPECT_EQ(d.Lookup(3).tokens, 24);
+    d.Check();
+  }
+}
+
 TEST(CheckpointRetention, ARunningRequestKeepsItsNewestIntervalCheckpoints) {
   Driver d(Hybrid(4, 2));
   const int32_t marker = FreeAMarker(d, 99);

@@ -105,6 +105,13 @@ TEST_F(SimulateCommandTest, JsonIsIdenticalAcrossRunsExceptTimings) {
 // Bamba's states are whole slabs: with attention pages over every slab the replay compacts, as the
 // reference engine would, and more prompt tokens hit than in the same replay without page moves.
 TEST_F(SimulateCommandTest, CompactsTwoLevelMemoryUnlessTold) {
+  // 200 requests: on the fixture's 80 the few compactions, each dropping the cached pages of the
+  // slabs it empties, cost more hits than the states they made room for won back.
+  TraceGenOptions o;
+  o.num_requests = 200;
+  o.seed = 5;
+  o.session_gap = 20;
+  ASSERT_TRUE(WriteTraceFile(GenerateTrace(o).value(), dir_ / "trace.jsonl").ok());
   args_.config = std::string(HKV_MODELS_DIR) + "/ibm-ai-platform--Bamba-9B";
   args_.memory = "2GiB";
   args_.allocator = "hybridkv";

@@ -224,6 +224,7 @@ bool SimulateRun(const Inputs& in, const SimulateArgs& args, Run& run, std::ostr
     allocator = std::move(*a);
     allocator->config.max_state_splits = args.max_state_splits;
     allocator->config.evict_uncovered = !args.no_coverage;
+    allocator->config.prompt_checkpoints = args.prompt_checkpoints;
     run.block_tokens = allocator->block_tokens;
     run.state_page_bytes = allocator->state_page_bytes;
     run.pool_block_bytes = allocator->pool_block_bytes;
@@ -357,6 +358,10 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
   cmd->add_flag("--no-coverage", args.no_coverage,
                 "hkv modes on recurrent hybrids: evict attention pages and checkpoints each by its "
                 "own recency (ManagerConfig::evict_uncovered off)");
+  cmd->add_flag("--prompt-checkpoints", args.prompt_checkpoints,
+                "hkv modes on recurrent hybrids: also checkpoint every prompt's end (what an "
+                "identical prompt would hit; ManagerConfig::prompt_checkpoints); by default "
+                "states are admitted only where prefixes branch and where requests end");
   cmd->add_flag("--json", args.json, "print {\"runs\": [...]} instead of a table");
   return cmd;
 }

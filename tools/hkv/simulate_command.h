@@ -38,6 +38,7 @@ struct SimulateArgs {
   std::string plot;
   bool no_compact = false;   // hkv modes: an engine that never moves pages (CompactionDue off)
   bool no_coverage = false;  // hkv modes: ManagerConfig::evict_uncovered off
+  bool prompt_checkpoints = false;   // hkv modes: ManagerConfig::prompt_checkpoints on
   std::string vllm_policy = "vllm";  // vllm mode: vLLM's eviction order, or "hybridkv"
   bool json = false;
 };

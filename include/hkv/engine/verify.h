@@ -37,6 +37,7 @@ struct VerifyOptions {
   int64_t memory_bytes = 0;  // 0: about three of the workload's longest sequences
   int32_t block_tokens = 4;
   bool compact = true;  // the engine compacts stranded two-level memory (EngineOptions::compact)
+  bool prompt_checkpoints = true;  // ManagerConfig::prompt_checkpoints
   // Sparse-KV policies on every full-attention layer (no speculative drafts then). Every
   // sequence is checked against the masked reference (MaskedLogits over what its layers kept);
   // dense_mismatches counts differences from the dense one, zero when the budget kept all.

@@ -21,7 +21,8 @@
 //   token rule, one state group for all recurrent layers, attention blocks of `block_tokens`,
 //   one pool per page class, split at the planning point `seq_tokens`.
 // Every mode keeps prefix caching on and uses the manager's rules (all-or-nothing allocation,
-// tail-first eviction); only pages, groups and pools differ.
+// tail-first eviction, recurrent checkpoints admitted by expected reuse: no prompt-end
+// checkpoints, ManagerConfig::prompt_checkpoints off); only pages, groups and pools differ.
 //
 // Per-sequence figures are computed from `config` and `pool_block_bytes` alone, the same way for
 // every mode: a group holds TokenRule::BlocksHeld blocks of its pool for one sequence (a state

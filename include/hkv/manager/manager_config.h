@@ -70,6 +70,13 @@ struct ManagerConfig {
   bool demote_superseded_checkpoints = true;  // false: every checkpoint keeps its LRU place
   int32_t max_interval_checkpoints = 4;       // per request, not demoted while it runs; 0: all
   int32_t max_state_splits = 2;  // checkpoints inside one request's step (chunk splits)
+  // Recurrent checkpoints at the prompt's last aligned position (what an identical prompt would
+  // hit). false: checkpoints are admitted by expected reuse alone, as Marconi does - where
+  // prefixes branch (the divergence checkpoint) and where a request ends (its final or rolling
+  // state) - so a prompt seen again is computed once more and checkpointed then, at the branch
+  // point it has become. A state costs as much as thousands of tokens of attention KV, and a
+  // prompt-end checkpoint is demoted as soon as its request ends anyway.
+  bool prompt_checkpoints = true;
   bool enable_prefix_caching = true;
   bool drop_last_hit_block = false;  // speculative decoding (EAGLE/MTP): hits end one unit early
   // Free releases the token blocks of all groups sharing a pool in one tail-first order by
