@@ -31,7 +31,6 @@ ManagerConfig BaseConfig(const ModelSpec& model, const PlanOptions& o) {
   }
   c.record_events = false;
   c.enable_prefix_caching = true;
-  c.prompt_checkpoints = false;  // a serving policy: states only where reuse is expected
   return c;
 }
 
@@ -177,7 +176,6 @@ Result<Allocator> MakeHybridKV(const Plan& plan) {
   a.mode = AllocatorMode::kHybridKV;
   HKV_ASSIGN_OR_RETURN(a.config, ManagerConfig::FromPlan(plan));
   a.config.record_events = false;
-  a.config.prompt_checkpoints = false;
   for (const KvGroup& g : plan.groups) {
     if (g.is_state()) {
       a.state_page_bytes = g.page_bytes;
@@ -328,6 +326,8 @@ Result<Allocator> MakeAllocator(const ModelSpec& model, AllocatorMode mode,
                     o.max_model_len));
   }
   HKV_ASSIGN_OR_RETURN(Allocator a, MakeAllocatorUnchecked(model, mode, o));
+  // Every mode serves with checkpoints admitted by expected reuse (allocator_mode.h).
+  a.config.prompt_checkpoints = false;
   int64_t blocks = 0;
   for (const int32_t b : a.config.pool_blocks)
     blocks += b - 1;

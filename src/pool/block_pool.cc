@@ -218,9 +218,7 @@ Status BlockPool::Allocate(int32_t n, std::vector<int32_t>& out) {
   for (int32_t k = 0; k < n; ++k) {
     int32_t b = head_;
     // Blocks worth nothing are interchangeable: take one beside the blocks just allocated.
-    if (pack_ && (tick_[static_cast<size_t>(b)] == 0 || !has_key_[static_cast<size_t>(b)])) {
-      b = NextPacked();
-    }
+    if (pack_ && Worthless(b)) b = NextPacked();
     Unlink(b);
     DropIdentity(b);  // the lazy eviction happens here, when the block is reused
     ref_[static_cast<size_t>(b)] = 1;
@@ -236,8 +234,7 @@ int32_t BlockPool::NextPacked() {
     const int32_t end = first + segment_blocks_;
     for (int pass = 0; pass < 2; ++pass) {
       for (; fill_next_ < end; ++fill_next_) {
-        const auto i = static_cast<size_t>(fill_next_);
-        if (on_list_[i] && (tick_[i] == 0 || !has_key_[i])) return fill_next_++;
+        if (on_list_[static_cast<size_t>(fill_next_)] && Worthless(fill_next_)) return fill_next_++;
       }
       // Blocks behind the cursor may have been freed since it passed them: look once more.
       if (fill_wrapped_) break;

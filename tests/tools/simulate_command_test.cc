@@ -25,12 +25,7 @@ class SimulateCommandTest : public ::testing::Test {
         ("hkv-simulate-test-" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) +
          "-" + ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::create_directories(dir_);
-    TraceGenOptions o;
-    o.num_requests = 80;
-    o.seed = 5;
-    o.session_gap = 20;
-    const Trace trace = GenerateTrace(o).value();
-    ASSERT_TRUE(WriteTraceFile(trace, dir_ / "trace.jsonl").ok());
+    WriteTrace(80);
     args_.config = std::string(HKV_MODELS_DIR) + "/google--gemma-2-9b";
     args_.trace = (dir_ / "trace.jsonl").string();
     args_.memory = "3GiB";  // tight enough for preemptions and evictions
@@ -39,6 +34,15 @@ class SimulateCommandTest : public ::testing::Test {
     args_.max_model_len = 8192;
   }
   void TearDown() override { fs::remove_all(dir_); }
+
+  // The replayed trace: `requests` chat requests, seed 5, a session every 20 steps.
+  void WriteTrace(int64_t requests) {
+    TraceGenOptions o;
+    o.num_requests = requests;
+    o.seed = 5;
+    o.session_gap = 20;
+    ASSERT_TRUE(WriteTraceFile(GenerateTrace(o).value(), dir_ / "trace.jsonl").ok());
+  }
 
   int Run(std::string& out, std::string& err) {
     std::ostringstream o, e;
@@ -107,11 +111,7 @@ TEST_F(SimulateCommandTest, JsonIsIdenticalAcrossRunsExceptTimings) {
 TEST_F(SimulateCommandTest, CompactsTwoLevelMemoryUnlessTold) {
   // 200 requests: on the fixture's 80 the few compactions, each dropping the cached pages of the
   // slabs it empties, cost more hits than the states they made room for won back.
-  TraceGenOptions o;
-  o.num_requests = 200;
-  o.seed = 5;
-  o.session_gap = 20;
-  ASSERT_TRUE(WriteTraceFile(GenerateTrace(o).value(), dir_ / "trace.jsonl").ok());
+  WriteTrace(200);
   args_.config = std::string(HKV_MODELS_DIR) + "/ibm-ai-platform--Bamba-9B";
   args_.memory = "2GiB";
   args_.allocator = "hybridkv";
@@ -173,11 +173,7 @@ TEST_F(SimulateCommandTest, TheVllmModeTakesTheHybridkvEvictionPolicy) {
 // own need), so hardly any request hit; the hit rate was 0.028 on this trace. The manager's
 // counters come with the JSON.
 TEST_F(SimulateCommandTest, JambaKeepsCheckpointsInHalfAGibibyte) {
-  TraceGenOptions o;
-  o.num_requests = 150;
-  o.seed = 5;
-  o.session_gap = 20;
-  ASSERT_TRUE(WriteTraceFile(GenerateTrace(o).value(), dir_ / "trace.jsonl").ok());
+  WriteTrace(150);
   args_.config = std::string(HKV_MODELS_DIR) + "/ai21labs--Jamba-v0.1";
   args_.memory = "0.5GiB";
   args_.max_model_len = 16384;

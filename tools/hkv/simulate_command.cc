@@ -120,8 +120,9 @@ nlohmann::json RunJson(const Run& run, bool with_timings) {
   j["compaction"] = {{"compactions", r.compactions},
                      {"pages_moved", r.pages_moved},
                      {"slabs_compacted", r.slabs_compacted}};
-  if (!run.mode) j["block_id_digest"] = r.block_id_digest;
-  if (run.mode) {
+  if (!run.mode) {
+    j["block_id_digest"] = r.block_id_digest;
+  } else {
     const ManagerStats& m = r.manager_stats;
     j["manager"] = {{"lookups", m.lookups},
                     {"hit_tokens", m.hit_tokens},

@@ -214,6 +214,11 @@ class BlockPool {
   Status CheckSegments(const InvariantCounts& counts, int32_t& empty) const;
   Status CheckEmptySegmentLists(int32_t empty) const;
   Status CheckIndex(int32_t identities) const;
+  // A block no hit can use: no identity, or queued at the head (demoted, released low).
+  bool Worthless(int32_t b) const {
+    const auto i = static_cast<size_t>(b);
+    return tick_[i] == 0 || !has_key_[i];
+  }
   // Packing: a free block worth nothing in the segment being filled, else the head (whose
   // segment is filled next). Only while the head is worth nothing.
   int32_t NextPacked();
