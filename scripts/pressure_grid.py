@@ -7,7 +7,10 @@ page: per model, one row per memory and gap (seeds summed for preemptions and sc
 averaged for hit rates), each mode's `hit / preemptions / scheduled Mtok`, and in the last column
 where hybridkv is behind - `hit` (below vllm's), `preempt` (above vllm's), `sched` (more prompt
 compute than some other mode) - with a count of such cells at the top. A mode that cannot serve
-the model at its max-model-len in that memory shows `refused` and is not compared.
+the model at its max-model-len in that memory shows `refused` and is not compared. Every cell also
+replays the `oracle` run (`hkv simulate --oracle`: hybridkv's layout evicting Belady-style by the
+trace's future) and shows hybridkv's hit rate as a fraction of the oracle's; the oracle is a
+yardstick, not a mode a deployment can run, so it is never counted against hybridkv.
 
   scripts/pressure_grid.py [--models M1,M2] [--memory 2,4,8,16] [--gaps 15,50,150,300]
                            [--seeds 1,2] [--requests 1000] [--jobs 2] [--hkv BIN] [--out FILE]
@@ -28,6 +31,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODES = ("vllm", "uniform", "padded", "hybridkv")
+SHOWN = MODES + ("oracle",)
 
 
 def gen_trace(hkv: str, work: str, requests: int, seed: int, gap: int) -> str:
@@ -39,7 +43,7 @@ def gen_trace(hkv: str, work: str, requests: int, seed: int, gap: int) -> str:
 
 def simulate(hkv: str, model: str, trace: str, gib: int) -> dict:
     cmd = [hkv, "simulate", os.path.join(ROOT, "models", model), "--trace", trace, "--memory",
-           f"{gib}GiB", "--allocator", "all", "--json"]
+           f"{gib}GiB", "--allocator", "all", "--oracle", "--json"]
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode not in (0, 1):
         sys.exit(f"{' '.join(cmd)} failed:\n{p.stderr[-3000:]}")
@@ -99,22 +103,41 @@ def main() -> None:
                 lambda j: simulate(args.hkv, j[0], traces[(j[3], j[2])], j[1]), jobs)))
     lines = []
     behind_cells = []
+    fractions = []  # (hybridkv hit / oracle hit, cell name)
     for m in models:
         lines += [f"### {m}", "",
-                  "| memory | gap | " + " | ".join(MODES) + " | hybridkv behind |",
-                  "|---|---|" + "---|" * (len(MODES) + 1)]
+                  "| memory | gap | " + " | ".join(SHOWN) + " | hybridkv of oracle | "
+                  "hybridkv behind |",
+                  "|---|---|" + "---|" * (len(SHOWN) + 2)]
         for gib in memories:
             for g in gaps:
                 cell = {mode: combine([results[(m, gib, g, s)][mode] for s in seeds])
-                        for mode in MODES}
+                        for mode in SHOWN}
                 b = behind(cell)
                 if b:
                     behind_cells.append(f"{m} {gib} GiB gap {g}: {', '.join(b)}")
                 shown = ["refused" if cell[mode] is None else
                          f"{cell[mode]['hit']:.3f} / {cell[mode]['preempt']} / "
-                         f"{cell[mode]['sched'] / 1e6:.2f}" for mode in MODES]
-                lines.append(f"| {gib} GiB | {g} | " + " | ".join(shown) + f" | {', '.join(b)} |")
+                         f"{cell[mode]['sched'] / 1e6:.2f}" for mode in SHOWN]
+                h, o = cell.get("hybridkv"), cell.get("oracle")
+                frac = ""
+                if h is not None and o is not None and o["hit"] > 0:
+                    fractions.append((h["hit"] / o["hit"], f"{m} {gib} GiB gap {g}"))
+                    frac = f"{h['hit'] / o['hit']:.3f}"
+                lines.append(f"| {gib} GiB | {g} | " + " | ".join(shown) +
+                             f" | {frac} | {', '.join(b)} |")
         lines.append("")
+    fractions.sort()
+    oracle_summary = []
+    if fractions:
+        median = fractions[len(fractions) // 2][0]
+        above = sum(1 for f, _ in fractions if f >= 1.0 - 1e-9)
+        oracle_summary = [
+            f"hybridkv's hit rate as a fraction of the oracle's, over the {len(fractions)} cells "
+            f"with oracle hits: median **{median:.3f}**, lowest {fractions[0][0]:.3f} "
+            f"({fractions[0][1]}); at or above the oracle in {above} cells (Belady's rule is "
+            "no optimum when a hit needs pages of several classes and a state at one position).",
+            ""]
     head = [
         "# Under memory pressure: every mode over models, memory and load", "",
         f"Written by `scripts/pressure_grid.py` ({time.time() - t0:.0f} s; do not edit): "
@@ -123,10 +146,12 @@ def main() -> None:
         "memory. Cells: hit rate (mean over seeds) / preemptions (sum) / scheduled prompt and "
         "decode tokens in millions (sum): what a deployment computes. `hybridkv behind`: its hit "
         "rate below vllm's, more preemptions than vllm, or more scheduled tokens than any other "
-        "mode.", "",
+        "mode. `oracle`: `hkv simulate --oracle`, hybridkv's layout evicting by the trace's "
+        "future (the request that next needs a prefix); a yardstick, never counted as a mode.",
+        "",
         f"Cells where hybridkv is behind: **{len(behind_cells)}** of "
         f"{len(models) * len(memories) * len(gaps)}.", ""]
-    head += [f"- {c}" for c in behind_cells] + [""]
+    head += [f"- {c}" for c in behind_cells] + [""] + oracle_summary
     with open(args.out, "w") as f:
         f.write("\n".join(head + lines))
     print(f"{args.out}: {len(behind_cells)} cells behind, {time.time() - t0:.0f} s")

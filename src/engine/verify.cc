@@ -305,6 +305,7 @@ Result<VerifyReport> RunVerify(const ModelSpec& real, const VerifyOptions& o) {
   HKV_ASSIGN_OR_RETURN(ManagerConfig config, ManagerConfig::FromPlan(plan));
   config.checkpoint_interval = 2 * config.align_tokens();
   config.prompt_checkpoints = o.prompt_checkpoints;
+  config.eviction_rank = o.eviction_rank;
   // Every third seed runs as an EAGLE-style engine would: hits end one block early.
   config.drop_last_hit_block = o.seed % 3 == 0;
   EngineOptions eo = VerifyEngineOptions(o);

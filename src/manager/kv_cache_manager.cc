@@ -53,6 +53,8 @@ Result<KvCacheManager> KvCacheManager::Create(const ManagerConfig& config) {
       core.pools.push_back(std::move(pool));
     }
   }
+  for (BlockPool& bp : core.pools)
+    HKV_RETURN_IF_ERROR(bp.set_eviction_rank(config.eviction_rank.get()));
   core.StartCoverage();
   return KvCacheManager(std::move(impl));
 }
@@ -317,6 +319,22 @@ Status KvCacheManager::ResetPrefixCache() {
     bp.TakeDropped(m.core.dropped);  // nothing of it is cached any more
   }
   m.core.coverage.Clear();
+  return Status::Ok();
+}
+
+Status KvCacheManager::Rerank(std::span<const BlockHash> digests) {
+  Impl& m = *impl_;
+  if (m.core.config.eviction_rank == nullptr) {
+    return Status::FailedPrecondition("rerank: the manager has no eviction rank (ManagerConfig)");
+  }
+  const std::vector<GroupConfig>& groups = m.core.config.groups;
+  for (const BlockHash& d : digests) {
+    for (size_t g = 0; g < groups.size(); ++g) {
+      BlockPool& bp = m.core.pools[static_cast<size_t>(groups[g].pool)];
+      const int32_t b = bp.Find({d, static_cast<int32_t>(g)});
+      if (b >= 0) manager_internal::Must(bp.Rerank(b));
+    }
+  }
   return Status::Ok();
 }
 

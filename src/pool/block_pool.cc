@@ -100,6 +100,22 @@ void BlockPool::MoveSegment(int32_t seg, uint8_t list, bool front) {
       empty_tail_[list] = seg;
     empty_head_[list] = seg;
     ++num_empty_;
+  } else if (list == kEmptyCached && rank_ != nullptr) {
+    // Ranked: the list stays sorted by tick (the highest rank each segment caches).
+    int32_t after = empty_tail_[list];
+    while (after >= 0 && seg_tick_[Seg(after)] > seg_tick_[i])
+      after = seg_prev_[Seg(after)];
+    seg_prev_[i] = after;
+    seg_next_[i] = after < 0 ? empty_head_[list] : seg_next_[Seg(after)];
+    if (seg_next_[i] >= 0)
+      seg_prev_[Seg(seg_next_[i])] = seg;
+    else
+      empty_tail_[list] = seg;
+    if (after >= 0)
+      seg_next_[Seg(after)] = seg;
+    else
+      empty_head_[list] = seg;
+    ++num_empty_;
   } else if (list == kEmptyUncached || list == kEmptyCached) {
     seg_prev_[i] = empty_tail_[list];
     if (empty_tail_[list] >= 0)
@@ -121,7 +137,7 @@ void BlockPool::Released(int32_t b) {
   const size_t i = Seg(seg);
   if (--seg_held_[i] == 0) {
     const bool at_head = NothingCachedQueued(seg);
-    seg_tick_[i] = at_head ? 0 : *clock_;
+    seg_tick_[i] = at_head ? 0 : (rank_ != nullptr ? MaxQueuedTick(seg) : *clock_);
     MoveSegment(seg, seg_cached_[i] > 0 ? kEmptyCached : kEmptyUncached, at_head);
   }
 }
@@ -182,7 +198,78 @@ void BlockPool::Link(int32_t b, int32_t after, uint64_t tick) {
 }
 
 void BlockPool::Append(int32_t b) {
+  if (rank_ != nullptr) {
+    LinkByRank(b, RankOf(b));
+    return;
+  }
   Link(b, tail_, ++*clock_);
+}
+
+uint64_t BlockPool::RankOf(int32_t b) const {
+  const size_t i = static_cast<size_t>(b);
+  if (!has_key_[i]) return 1;
+  return std::clamp<uint64_t>(rank_->Rank(key_[i].hash), 1, uint64_t{1} << 63);
+}
+
+void BlockPool::LinkByRank(int32_t b, uint64_t tick) {
+  // The first ranked block and the last: the walk meets the spot from whichever side is nearer.
+  int32_t front_after = head_run_end_;
+  int32_t front = head_run_end_ < 0 ? head_ : next_[static_cast<size_t>(head_run_end_)];
+  int32_t back = tail_;
+  for (;;) {
+    if (back == head_run_end_ || tick_[static_cast<size_t>(back)] <= tick) {
+      Link(b, back, tick);
+      return;
+    }
+    if (front < 0 || tick_[static_cast<size_t>(front)] > tick) {
+      Link(b, front_after, tick);
+      return;
+    }
+    back = prev_[static_cast<size_t>(back)];
+    front_after = front;
+    front = next_[static_cast<size_t>(front)];
+  }
+}
+
+uint64_t BlockPool::MaxQueuedTick(int32_t seg) const {
+  uint64_t most = 0;
+  const int32_t first = seg * segment_blocks_ + 1;
+  for (int32_t b = first; b < first + segment_blocks_; ++b) {
+    const size_t i = static_cast<size_t>(b);
+    if (on_list_[i] && has_key_[i]) most = std::max(most, tick_[i]);
+  }
+  return most;
+}
+
+void BlockPool::RetickEmptySegment(int32_t seg) {
+  const size_t s = Seg(seg);
+  if (seg_held_[s] != 0 || seg_list_[s] != kEmptyCached) return;
+  const bool at_head = NothingCachedQueued(seg);
+  seg_tick_[s] = at_head ? 0 : MaxQueuedTick(seg);
+  MoveSegment(seg, kEmptyCached, at_head);
+}
+
+Status BlockPool::set_eviction_rank(const EvictionRank* rank) {
+  if (num_cached() > 0) {
+    return Status::FailedPrecondition(fmt::format(
+        "set eviction rank: the pool already caches {} block(s) queued by another order",
+        num_cached()));
+  }
+  rank_ = rank;
+  return Status::Ok();
+}
+
+Status BlockPool::Rerank(int32_t block) {
+  HKV_RETURN_IF_ERROR(CheckBlockId(block, "rerank"));
+  if (rank_ == nullptr) return Status::FailedPrecondition("rerank: the pool has no eviction rank");
+  const size_t i = static_cast<size_t>(block);
+  if (!on_list_[i] || tick_[i] == 0 || !has_key_[i]) return Status::Ok();
+  const uint64_t tick = RankOf(block);
+  if (tick == tick_[i]) return Status::Ok();
+  Unlink(block);
+  LinkByRank(block, tick);
+  RetickEmptySegment(segment_of(block));
+  return Status::Ok();
 }
 
 void BlockPool::Prepend(int32_t b) {
@@ -325,6 +412,8 @@ Status BlockPool::Demote(int32_t block) {
   if (seg_held_[s] == 0 && NothingCachedQueued(seg)) {
     seg_tick_[s] = 0;
     MoveSegment(seg, seg_list_[s], true);
+  } else if (rank_ != nullptr) {
+    RetickEmptySegment(seg);  // its highest rank may have been this block's
   }
   return Status::Ok();
 }
@@ -490,6 +579,9 @@ Status BlockPool::CheckFreeList() const {
     if (b <= kNullBlock || b >= num_blocks()) return fail(fmt::format("free list holds id {}", b));
     if (!on_list_[i]) return fail(fmt::format("block {} is linked but not marked free", b));
     if (prev_[i] != previous) return fail(fmt::format("block {} has a broken back link", b));
+    // Past the head run the list is in tick order: times (LRU) or ranks (set_eviction_rank).
+    if (previous >= 0 && tick_[i] != 0 && tick_[static_cast<size_t>(previous)] > tick_[i])
+      return fail(fmt::format("block {} is queued before block {} of a lower tick", previous, b));
     if (tick_[i] == 0) {
       if (head_run_end != previous) {
         return fail(
@@ -601,6 +693,11 @@ Status BlockPool::CheckEmptySegmentLists(int32_t empty) const {
       if (list == kEmptyCached && before >= 0 && seg_tick_[Seg(before)] > seg_tick_[Seg(seg)]) {
         return fail(
             fmt::format("cached empty segments {} and {} are out of age order", before, seg));
+      }
+      if (list == kEmptyCached && rank_ != nullptr && seg_tick_[Seg(seg)] != 0 &&
+          seg_tick_[Seg(seg)] != MaxQueuedTick(seg)) {
+        return fail(fmt::format("cached empty segment {} has tick {}, its highest rank is {}", seg,
+                                seg_tick_[Seg(seg)], MaxQueuedTick(seg)));
       }
       if (++listed > num_segments()) return fail("an empty-segment list has a cycle");
       before = seg;

@@ -15,6 +15,7 @@
 #include <hkv/manager/compaction_policy.h>
 #include <hkv/manager/kv_cache_manager.h>
 #include <hkv/pool/block_hash.h>
+#include <hkv/sim/future_use.h>
 #include <hkv/sim/replayer.h>
 
 #include "replay_common.h"
@@ -36,8 +37,13 @@ class HkvDriven {
   };
   using Chunk = sim_internal::Chunk<Request>;
 
-  HkvDriven(const ManagerConfig& mc, KvCacheManager& manager, ReplayReport& report, bool compact)
-      : mc_(mc), manager_(manager), report_(report), compact_(compact && mc.arena.enabled()) {}
+  HkvDriven(const ManagerConfig& mc, KvCacheManager& manager, ReplayReport& report, bool compact,
+            FutureUse* future)
+      : mc_(mc),
+        manager_(manager),
+        report_(report),
+        compact_(compact && mc.arena.enabled()),
+        future_(future) {}
 
   static int64_t Tokens(const Request& r) { return static_cast<int64_t>(r.tokens.size()); }
   static int64_t& Computed(Request& r) { return r.computed; }
@@ -50,9 +56,13 @@ class HkvDriven {
     return st;
   }
   Status Preempt(Request& r) {
+    // The oracle: the victim needs its prefixes again, so what it frees is ranked as such.
+    const std::span<const BlockHash> again = future_ != nullptr
+                                                 ? future_->Return(static_cast<size_t>(r.id))
+                                                 : std::span<const BlockHash>();
     HKV_RETURN_IF_ERROR(watch_([&] { return manager_.Free(r.id); }));
     r.added = false;
-    return Status::Ok();
+    return future_ != nullptr ? manager_.Rerank(again) : Status::Ok();
   }
   void ScheduledRunning(const Request&) {}
   Result<sim_internal::MaybeAdmission> TryAdmit(Request& r, int64_t budget);
@@ -95,7 +105,8 @@ class HkvDriven {
   StepInputs inputs_{};
   sim_internal::Stopwatch watch_{};
   const bool compact_;
-  bool refused_ = false;  // a running request's allocation was refused since the last compaction
+  FutureUse* const future_;  // the oracle mode's future; nullptr otherwise
+  bool refused_ = false;     // a running request's allocation was refused since the last compaction
   std::vector<int64_t> compact_limits_;
 };
 
@@ -132,6 +143,8 @@ Result<sim_internal::MaybeAdmission> HkvDriven::TryAdmit(Request& r, int64_t bud
   const Status st = watch_([&] { return manager_.Allocate(r.id, n, hit, rest); });
   if (st.code() == StatusCode::kResourceExhausted) return sim_internal::MaybeAdmission();
   HKV_RETURN_IF_ERROR(st);
+  // Outside the measured time: the oracle's bookkeeping is not the manager's work.
+  if (future_ != nullptr) HKV_RETURN_IF_ERROR(manager_.Rerank(future_->Consume(r.id)));
   return sim_internal::MaybeAdmission({.n = n, .hit = hit.tokens});
 }
 
@@ -200,6 +213,17 @@ Result<ReplayReport> Replay(const Trace& trace, const ManagerConfig& config,
   }
   ManagerConfig mc = config;
   mc.record_events = false;
+  std::shared_ptr<FutureUse> future;
+  if (o.oracle) {
+    if (config.eviction_rank != nullptr) {
+      return Status::InvalidArgument(
+          "replay: the oracle mode ranks evictions itself; the config already has an eviction "
+          "rank");
+    }
+    HKV_RETURN_IF_ERROR(config.Validate());
+    HKV_ASSIGN_OR_RETURN(future, FutureUse::Create(trace, config.hash_tokens()));
+    mc.eviction_rank = future;
+  }
   HKV_ASSIGN_OR_RETURN(KvCacheManager manager, KvCacheManager::Create(mc));
   sim_internal::ReplayBook book(trace, o);
   ReplayReport& report = book.report();
@@ -212,7 +236,7 @@ Result<ReplayReport> Replay(const Trace& trace, const ManagerConfig& config,
     reqs[i].id = static_cast<RequestId>(i);
     reqs[i].tokens = trace[i].prompt;
   }
-  HkvDriven driven(mc, manager, report, o.compact);
+  HkvDriven driven(mc, manager, report, o.compact, future.get());
   sim_internal::StepLoop loop(o, book, driven, std::move(reqs));
   HKV_RETURN_IF_ERROR(loop.Run());
   report.manager_stats = manager.stats();

@@ -200,6 +200,10 @@ Result<ReplayReport> ReplayVllm(const Trace& trace, const vllm::KvCacheConfig& c
                                 const ReplayOptions& o) {
   HKV_RETURN_IF_ERROR(sim_internal::CheckReplayInputs(trace, o));
   HKV_RETURN_IF_ERROR(CheckVllmConfig(config, o));
+  if (o.oracle) {
+    return Status::InvalidArgument(
+        "replay: the oracle mode evicts in hkv's pools; vLLM's manager keeps its own order");
+  }
   HKV_ASSIGN_OR_RETURN(vllm::KvCacheManager manager,
                        vllm::KvCacheManager::Create(config, {.policy = o.vllm_policy}));
   sim_internal::ReplayBook book(trace, o);

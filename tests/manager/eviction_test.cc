@@ -1,6 +1,10 @@
 // Eviction order, lazy eviction, retention, lookahead and all-or-nothing allocation.
 #include <algorithm>
+#include <memory>
+#include <span>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -31,6 +35,56 @@ TEST(Eviction, LruAcrossRequestsAndTailFirstWithinOne) {
   // first, so a long shared prefix survives longest.
   std::vector<int32_t> tail(order.end() - 6, order.end());
   EXPECT_EQ(tail, Concat(Reversed(a), Reversed(b)));
+}
+
+// A rank the caller owns and changes (ManagerConfig::eviction_rank): here, request 2's prefix is
+// worth more than request 1's, whatever the order they were freed in, until the caller says
+// otherwise and calls Rerank.
+class DigestRank final : public EvictionRank {
+ public:
+  uint64_t Rank(const BlockHash& d) const override {
+    for (const auto& [digest, rank] : ranks)
+      if (digest == d) return rank;
+    return 1;
+  }
+  std::vector<std::pair<BlockHash, uint64_t>> ranks;
+};
+
+TEST(Eviction, ByACallersRankAndRerankedWhenItChanges) {
+  auto rank = std::make_shared<DigestRank>();
+  ManagerConfig c = MakeConfig({32}, {Full(4)});
+  c.eviction_rank = rank;
+  Driver d(c);
+  const std::vector<int32_t> p1 = Seq(8, 100), p2 = Seq(8, 500);
+  const BlockHash a0 = HashBlock(kRootHash, std::span(p1).first(4));
+  const BlockHash a1 = HashBlock(a0, std::span(p1).subspan(4, 4));
+  const BlockHash b0 = HashBlock(kRootHash, std::span(p2).first(4));
+  const BlockHash b1 = HashBlock(b0, std::span(p2).subspan(4, 4));
+  rank->ranks = {{a0, 20}, {a1, 10}, {b0, 40}, {b1, 30}};
+  d.Add(1, p1);
+  d.Prefill(1);
+  d.Add(2, p2);
+  d.Prefill(2);
+  const auto a = d.Table(1, 0), b = d.Table(2, 0);
+  d.Free(2);  // freed first, yet worth more: evicted last
+  d.Free(1);
+  auto order = ManagerProbe::FreeListOrder(d.m(), 0);
+  EXPECT_EQ(std::vector<int32_t>(order.end() - 4, order.end()),
+            (std::vector<int32_t>{a[1], a[0], b[1], b[0]}));
+  // Request 1's prefix becomes the more valuable; nothing moves until the caller says so.
+  rank->ranks = {{a0, 60}, {a1, 50}, {b0, 40}, {b1, 30}};
+  EXPECT_EQ(ManagerProbe::FreeListOrder(d.m(), 0), order);
+  const BlockHash changed[] = {a0, a1};
+  ASSERT_TRUE(d.m().Rerank(changed).ok());
+  order = ManagerProbe::FreeListOrder(d.m(), 0);
+  EXPECT_EQ(std::vector<int32_t>(order.end() - 4, order.end()),
+            (std::vector<int32_t>{b[1], b[0], a[1], a[0]}));
+  ASSERT_TRUE(d.m().CheckInvariants().ok());
+  // Without a rank there is nothing to requeue by.
+  Driver lru(MakeConfig({32}, {Full(4)}));
+  const Status none = lru.m().Rerank(changed);
+  EXPECT_EQ(none.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(none.message().find("no eviction rank"), std::string::npos) << none.message();
 }
 
 TEST(Eviction, BlocksWithoutIdentityAreReusedFirst) {

@@ -8,6 +8,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <memory>
 #include <optional>
 #include <ostream>
 #include <random>
@@ -137,6 +138,24 @@ void TwoLevel(ManagerConfig& c) {
     c.pool_blocks[p] = static_cast<int32_t>(slabs * per[p] + 1);
 }
 
+// An eviction order unrelated to recency or prefix order (ManagerConfig::eviction_rank): a
+// block's rank is a fixed scramble of its digest, so parents go before children, recent before
+// old - orders LRU never produces, which every hit must still read correctly.
+class ScrambledRank final : public EvictionRank {
+ public:
+  uint64_t Rank(const BlockHash& d) const override {
+    uint64_t z = d.lo ^ (d.hi * 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return (z ^ (z >> 31)) >> 8;
+  }
+};
+
+std::optional<ManagerConfig> Ranked(std::optional<ManagerConfig> c) {
+  if (c) c->eviction_rank = std::make_shared<ScrambledRank>();
+  return c;
+}
+
 struct ShapeCase {
   std::string name;
   std::function<std::optional<ManagerConfig>()> make;
@@ -237,6 +256,22 @@ std::vector<ShapeCase> Shapes() {
                                    Group(TK::kEncoder, 16, 1)});
                  c.checkpoint_interval = 48;
                  return std::optional(c);
+               },
+               {.pressure = 1.6, .two_level = true}});
+  s.push_back({"Gemma2_window128_like_ranked",
+               [] { return Ranked(FromModel("google--gemma-2-9b", 128)); },
+               {}});
+  s.push_back({"Jamba_two_level_ranked",
+               [] { return Ranked(FromModel("ai21labs--Jamba-v0.1")); },
+               {.two_level = true}});
+  s.push_back({"Hand_kitchen_sink_two_level_ranked",
+               [] {
+                 ManagerConfig c =
+                     HandBuilt(3, {Group(TK::kAll, 16, 0), Group(TK::kWindow, 16, 0, 24, 2),
+                                   Group(TK::kChunk, 16, 1, 48), Group(TK::kState, 0, 2),
+                                   Group(TK::kEncoder, 16, 1)});
+                 c.checkpoint_interval = 48;
+                 return Ranked(c);
                },
                {.pressure = 1.6, .two_level = true}});
   s.push_back(

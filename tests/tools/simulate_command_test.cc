@@ -188,6 +188,35 @@ TEST_F(SimulateCommandTest, JambaKeepsCheckpointsInHalfAGibibyte) {
   EXPECT_GT(run["manager"]["hit_tokens"].get<int64_t>(), 0);
 }
 
+// --oracle adds a run with hybridkv's layout evicting by the trace's future, and reports every
+// run's hit rate as a fraction of it. On this tight trace the future is worth something: the
+// oracle hits more than recency does in the same memory.
+TEST_F(SimulateCommandTest, OracleRunAndEveryRunAsAFractionOfIt) {
+  args_.allocator = "hybridkv";
+  args_.oracle = true;
+  args_.json = true;
+  std::string out, err;
+  ASSERT_EQ(Run(out, err), 0) << err;
+  const nlohmann::json runs = nlohmann::json::parse(out)["runs"];
+  ASSERT_EQ(runs.size(), 2u);
+  EXPECT_EQ(runs[0]["allocator"], "hybridkv");
+  EXPECT_EQ(runs[1]["allocator"], "oracle");
+  const double lru = runs[0]["hit_rate"].get<double>(), oracle = runs[1]["hit_rate"].get<double>();
+  EXPECT_GT(oracle, lru);
+  EXPECT_DOUBLE_EQ(runs[0]["of_oracle"].get<double>(), lru / oracle);
+  EXPECT_DOUBLE_EQ(runs[1]["of_oracle"].get<double>(), 1.0);
+  // The same layout: only the eviction order differs.
+  EXPECT_EQ(runs[0]["num_blocks"], runs[1]["num_blocks"]);
+  args_.json = false;
+  ASSERT_EQ(Run(out, err), 0) << err;
+  EXPECT_NE(out.find("of oracle"), std::string::npos) << out;
+  EXPECT_NE(out.find("\noracle "), std::string::npos) << out;
+  // Without --oracle the table is as before: no such column.
+  args_.oracle = false;
+  ASSERT_EQ(Run(out, err), 0) << err;
+  EXPECT_EQ(out.find("oracle"), std::string::npos) << out;
+}
+
 TEST_F(SimulateCommandTest, TableCsvAndPlot) {
   args_.csv_dir = (dir_ / "csv").string();
   args_.plot = (dir_ / "modes.png").string();

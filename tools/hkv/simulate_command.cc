@@ -24,6 +24,7 @@ namespace {
 struct Run {
   std::string name;
   std::optional<AllocatorMode> mode;  // empty: vllm
+  bool oracle = false;                // hybridkv's layout, evicting by the trace's future
   int32_t block_tokens = 0;           // hit granularity (vllm: the scheduler block)
   int64_t state_page_bytes = 0;
   std::vector<int64_t> pool_block_bytes;
@@ -148,17 +149,34 @@ nlohmann::json RunJson(const Run& run, bool with_timings) {
   return j;
 }
 
+// The oracle run's hit rate, when there is one that succeeded: every run is also reported as a
+// fraction of it.
+std::optional<double> OracleHitRate(const std::vector<Run>& runs) {
+  for (const Run& run : runs) {
+    if (run.oracle && run.report) return run.report->hit_rate();
+  }
+  return std::nullopt;
+}
+
+std::string OracleFraction(const Run& run, std::optional<double> oracle) {
+  if (!oracle || !run.report) return "";
+  return *oracle > 0 ? fmt::format(" {:>9.3f}", run.report->hit_rate() / *oracle)
+                     : fmt::format(" {:>9}", "-");
+}
+
 void PrintTable(const Inputs& in, const SimulateArgs& args, const std::vector<Run>& runs,
                 std::ostream& out) {
+  const std::optional<double> oracle = OracleHitRate(runs);
   out << fmt::format("hkv simulate: {} | memory {} | trace {} ({} requests)\n", in.model.source,
                      FormatBytes(in.alloc.memory_bytes), in.trace_name, in.trace.size());
   out << fmt::format(
       "  budget {} tokens/step, max running {}, max model len {}, block {} tokens\n\n", args.budget,
       args.max_running, args.max_model_len, args.block_tokens);
   out << fmt::format(
-      "{:<9} {:>6} {:>8} {:>8} {:>8} {:>7} {:>7} {:>7} {:>9} {:>8} {:>11} {:>11} {:>20}\n",
+      "{:<9} {:>6} {:>8} {:>8} {:>8} {:>7} {:>7} {:>7} {:>9} {:>8} {:>11} {:>11} {:>20}{}\n",
       "allocator", "block", "blocks", "steps", "preempt", "hit", "hit+re", "ideal", "peak blk",
-      "peak run", "sched tok", "splits/step", "mgr us/step mean/p50/p99");
+      "peak run", "sched tok", "splits/step", "mgr us/step mean/p50/p99",
+      oracle ? fmt::format(" {:>9}", "of oracle") : "");
   for (const Run& run : runs) {
     if (!run.report) {
       out << fmt::format("{:<9} n/a: {}\n", run.name, run.error);
@@ -168,12 +186,12 @@ void PrintTable(const Inputs& in, const SimulateArgs& args, const std::vector<Ru
     const StepTimes t = r.manager_times();
     out << fmt::format(
         "{:<9} {:>6} {:>8} {:>8} {:>8} {:>7.4f} {:>7.4f} {:>7.4f} {:>9} {:>8} {:>11} {:>11} "
-        "{:>20}\n",
+        "{:>20}{}\n",
         run.name, run.block_tokens, r.num_blocks, r.steps, r.preemptions, r.hit_rate(),
         r.hit_rate_incl_readmissions(), run.ideal, r.peak_blocks_used, r.peak_running,
         r.scheduled_tokens,
         fmt::format("{:.3f}/{}", r.state_splits_per_step(), r.max_request_state_splits),
-        fmt::format("{:.1f}/{:.1f}/{:.1f}", t.mean, t.p50, t.p99));
+        fmt::format("{:.1f}/{:.1f}/{:.1f}", t.mean, t.p50, t.p99), OracleFraction(run, oracle));
   }
   out << "\n";
   for (const Run& run : runs) {
@@ -245,6 +263,7 @@ bool SimulateRun(const Inputs& in, const SimulateArgs& args, Run& run, std::ostr
   }
   run.ideal = IdealHitRate(in.trace, run.block_tokens);
   ReplayOptions ro = in.replay;
+  ro.oracle = run.oracle;
   if (err_is_tty) {
     ro.on_progress = ProgressBar(err, static_cast<int64_t>(in.trace.size()), run.name);
   }
@@ -266,8 +285,12 @@ void PrintJson(const Inputs& in, const std::vector<Run>& runs, std::ostream& out
   j["requests"] = in.trace.size();
   j["memory_bytes"] = in.alloc.memory_bytes;
   j["runs"] = nlohmann::json::array();
-  for (const Run& run : runs)
-    j["runs"].push_back(RunJson(run, true));
+  const std::optional<double> oracle = OracleHitRate(runs);
+  for (const Run& run : runs) {
+    nlohmann::json r = RunJson(run, true);
+    if (oracle && run.report && *oracle > 0) r["of_oracle"] = run.report->hit_rate() / *oracle;
+    j["runs"].push_back(std::move(r));
+  }
   out << j.dump(2) << "\n";
 }
 
@@ -363,6 +386,10 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
                 "hkv modes on recurrent hybrids: also checkpoint every prompt's end (what an "
                 "identical prompt would hit; ManagerConfig::prompt_checkpoints); by default "
                 "states are admitted only where prefixes branch and where requests end");
+  cmd->add_flag("--oracle", args.oracle,
+                "also replay an `oracle` run: hybridkv's layout evicting Belady-style by the "
+                "trace's future (the next request that needs a prefix), and show every run's hit "
+                "rate as a fraction of it");
   cmd->add_flag("--json", args.json, "print {\"runs\": [...]} instead of a table");
   return cmd;
 }
@@ -384,6 +411,13 @@ int RunSimulate(const SimulateArgs& args, std::ostream& out, std::ostream& err, 
     Run& run = runs.emplace_back();
     run.mode = mode;
     run.name = mode ? std::string(AllocatorModeName(*mode)) : "vllm";
+    if (!SimulateRun(in, args, run, err, err_is_tty)) failed = true;
+  }
+  if (args.oracle) {
+    Run& run = runs.emplace_back();
+    run.mode = AllocatorMode::kHybridKV;
+    run.oracle = true;
+    run.name = "oracle";
     if (!SimulateRun(in, args, run, err, err_is_tty)) failed = true;
   }
   if (args.json) {

@@ -40,6 +40,7 @@ struct SimulateArgs {
   bool no_coverage = false;  // hkv modes: ManagerConfig::evict_uncovered off
   bool prompt_checkpoints = false;   // hkv modes: ManagerConfig::prompt_checkpoints on
   std::string vllm_policy = "vllm";  // vllm mode: vLLM's eviction order, or "hybridkv"
+  bool oracle = false;  // also an `oracle` run (ReplayOptions::oracle), and fractions of it
   bool json = false;
 };
 

@@ -17,12 +17,14 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 
 #include <hkv/common/result.h>
 #include <hkv/connector/model_identity.h>
 #include <hkv/engine/engine.h>
+#include <hkv/pool/eviction_rank.h>
 #include <hkv/spec/model_spec.h>
 
 namespace hkv {
@@ -38,6 +40,8 @@ struct VerifyOptions {
   int32_t block_tokens = 4;
   bool compact = true;  // the engine compacts stranded two-level memory (EngineOptions::compact)
   bool prompt_checkpoints = true;  // ManagerConfig::prompt_checkpoints
+  // ManagerConfig::eviction_rank: evict by this order instead of recency (nullptr: recency).
+  std::shared_ptr<const EvictionRank> eviction_rank;
   // Sparse-KV policies on every full-attention layer (no speculative drafts then). Every
   // sequence is checked against the masked reference (MaskedLogits over what its layers kept);
   // dense_mismatches counts differences from the dense one, zero when the budget kept all.

@@ -183,6 +183,10 @@ class KvCacheManager {
   Status Free(RequestId id);
   // Drops every prefix identity. Only when no request holds blocks (kFailedPrecondition else).
   Status ResetPrefixCache();
+  // With ManagerConfig::eviction_rank: the ranks of the prefixes ending in these digests changed,
+  // so their free cached blocks, in every group, are requeued by their new rank. Held blocks
+  // are queued by rank when they are freed. kFailedPrecondition (nothing changed) without a rank.
+  Status Rerank(std::span<const BlockHash> digests);
   // Two-level memory: empties up to max_slabs_per_class (>= 1) slabs of every page class whose
   // held pages fit in the free pages of the class's other partly held slabs (SlabArena's
   // PlanCompaction), rewrites every reference to a moved page and returns the emptied slabs to

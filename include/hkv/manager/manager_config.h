@@ -29,10 +29,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include <hkv/common/result.h>
 #include <hkv/plan/plan.h>
+#include <hkv/pool/eviction_rank.h>
 #include <hkv/spec/token_rule.h>
 
 namespace hkv {
@@ -96,6 +98,10 @@ struct ManagerConfig {
   // demoted.
   bool evict_uncovered = true;
   bool record_events = true;
+  // Queue freed cached blocks by this rank instead of by recency (pool/eviction_rank.h), in
+  // every pool; KvCacheManager::Rerank requeues blocks whose rank changed. Shared, not copied:
+  // the caller may keep advancing it. nullptr: least recently freed first.
+  std::shared_ptr<const EvictionRank> eviction_rank;
 
   // One pool per page class (its pages, capped to 2^31 - 1), one group per plan group.
   static Result<ManagerConfig> FromPlan(const Plan& plan);

@@ -25,6 +25,9 @@
 // - MoveHeld(src, dst) hands a held block's references and prefix identity to a free block, for
 //   compaction: afterwards the caller must hold dst wherever it held src, and the contents must be
 //   copied by whoever owns the memory. The prefix index then maps the key to dst.
+// - With an eviction rank (set_eviction_rank), blocks freed to the tail queue by rank instead of
+//   by time (eviction_rank.h): ticks are then ranks, the free list stays sorted by them, and an
+//   empty segment's tick is the highest rank it caches, so the arena compares worth, not age.
 // Metadata is struct-of-arrays, sized once; steady-state calls do not allocate (events aside).
 // The prefix index is the exception that keeps it small: a segmented pool grows it in AddSegment
 // when it owns more pages than ever before (so once its share of the arena has settled, never).
@@ -37,6 +40,7 @@
 
 #include <hkv/common/result.h>
 #include <hkv/pool/block_hash.h>
+#include <hkv/pool/eviction_rank.h>
 #include <hkv/pool/kv_event.h>
 #include <hkv/pool/prefix_index.h>
 #include <hkv/pool/retention.h>
@@ -67,6 +71,14 @@ class BlockPool {
     fill_ = -1;
   }
   bool pack_segments() const { return pack_; }
+  // Queues cached blocks freed to the tail by `rank` (not owned; must outlive the pool; nullptr:
+  // by time). Only before the pool caches anything (FailedPrecondition otherwise): the free list
+  // must be in one order throughout.
+  Status set_eviction_rank(const EvictionRank* rank);
+  // The rank of a block's prefix changed: a free cached block queued at the tail is requeued by
+  // its new rank (held, worthless and uncached blocks have nothing to requeue). Errors (nothing
+  // changed): bad id, no eviction rank set.
+  Status Rerank(int32_t block);
 
   // The block holding `key`, held or free, or -1.
   int32_t Find(const PrefixKey& key) const { return index_.Find(key); }
@@ -199,6 +211,14 @@ class BlockPool {
   // Links a free block after `after` (-1: at the head) with eviction tick `tick` (0: queued at
   // the head); Append, Prepend and InsertAfterHeadRun are its three uses.
   void Link(int32_t block, int32_t after, uint64_t tick);
+  // Ranked queuing: the block's rank (>= 1), its place in the sorted free list (walked from both
+  // ends at once: a freed block's rank is mostly near one end), and an empty segment's tick (the
+  // highest rank it caches; 0 when it caches nothing queued at the tail).
+  uint64_t RankOf(int32_t block) const;
+  void LinkByRank(int32_t block, uint64_t tick);
+  uint64_t MaxQueuedTick(int32_t segment) const;
+  // An empty cached segment whose blocks were requeued or demoted: its tick again, and its place.
+  void RetickEmptySegment(int32_t segment);
   // Gives a block a prefix identity (stored event), probing the index once; when another block
   // holds the identity already, changes nothing.
   // false: another block holds key
@@ -250,6 +270,7 @@ class BlockPool {
   std::vector<uint64_t> seg_tick_;
   int32_t empty_head_[2] = {-1, -1}, empty_tail_[2] = {-1, -1};
   int32_t num_empty_ = 0;
+  const EvictionRank* rank_ = nullptr;
   bool pack_ = false;
   int32_t fill_ = -1;          // the segment being filled, -1 none
   int32_t fill_next_ = 0;      // next block of fill_ to look at

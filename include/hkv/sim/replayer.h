@@ -48,6 +48,9 @@ struct ReplayOptions {
   // hkv replays with two-level memory: compact between steps when CompactionDue says so, as the
   // reference engine does (its page copies are counted in ReplayReport::pages_moved).
   bool compact = true;
+  // hkv replays: the `oracle` mode — every pool evicts by the trace's future (FutureUse, Belady's
+  // rule) instead of by recency; the config's own eviction_rank must be unset.
+  bool oracle = false;
   // Called with the number of finished requests every 256 steps and once at the end (a progress
   // bar); outside the measured manager time.
   std::function<void(int64_t finished)> on_progress;
