@@ -64,6 +64,7 @@ class ManagerConfig:
     coherent_eviction: bool
     evict_uncovered: bool
     prompt_checkpoints: bool
+    rolling_stride_after_give_back: int
     record_events: bool
     def __init__(self) -> None: ...
     @staticmethod

@@ -123,6 +123,8 @@ void BindConfigs(py::module_& m) {
       .def_readwrite("coherent_eviction", &ManagerConfig::coherent_eviction)
       .def_readwrite("evict_uncovered", &ManagerConfig::evict_uncovered)
       .def_readwrite("prompt_checkpoints", &ManagerConfig::prompt_checkpoints)
+      .def_readwrite("rolling_stride_after_give_back",
+                     &ManagerConfig::rolling_stride_after_give_back)
       .def_readwrite("record_events", &ManagerConfig::record_events)
       .def(
           "validate", [](const ManagerConfig& c) { Check(c.Validate()); },

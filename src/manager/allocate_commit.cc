@@ -203,8 +203,12 @@ Status KvCacheManager::Impl::FitWithGiveBacks(Request& r, const StepPlan& s) {
     UndoGiveBack();
     return fits;
   }
-  for (const manager_internal::GivenBack& g : given_back)
+  for (size_t i = 0; i < given_back.size(); ++i) {
+    const manager_internal::GivenBack& g = given_back[i];
     group(static_cast<size_t>(g.group)).KeepGivenBack(requests[g.slot], g);
+    // Under pressure the request keeps fewer rolling states from now on (manager_config.h).
+    if (i >= windows) requests[g.slot].rolling_stride = core.config.rolling_stride_after_give_back;
+  }
   core.stats.branch_blocks_given_back += static_cast<int64_t>(windows);
   core.stats.rolling_states_given_back += static_cast<int64_t>(given_back.size() - windows);
   return fits;

@@ -131,8 +131,9 @@ void CacheCore::PlanSnapshots(const Request& r, int64_t begin, int64_t end, int6
     if (divergence > begin && divergence <= last) add(divergence);
     const int64_t prompt_ckpt = PromptCheckpoint(r);
     if (config.prompt_checkpoints && prompt_ckpt > begin && prompt_ckpt <= last) add(prompt_ckpt);
-    const int64_t rolling = last / align * align;
-    const bool end_rolls = end % align == 0 && end <= known;
+    const int64_t stride = RollingStride(r);
+    const int64_t rolling = last / stride * stride;
+    const bool end_rolls = end % stride == 0 && end <= known;
     if (rolling > begin && !end_rolls) add(rolling);
     const int64_t interval = config.checkpoint_interval;
     if (interval > 0) {

@@ -53,6 +53,10 @@ struct CacheCore {
 
   // ---- the checkpoint policy (manager_config.h).
   bool IsCheckpoint(const Request& r, int64_t position) const;
+  // Rolling states are kept at multiples of this (ManagerConfig::rolling_stride_after_give_back).
+  int64_t RollingStride(const Request& r) const {
+    return r.rolling_stride > 0 ? r.rolling_stride : align;
+  }
   // The last aligned position before the prompt's end: what an identical prompt would hit.
   int64_t PromptCheckpoint(const Request& r) const { return (r.prompt_len - 1) / align * align; }
   // A checkpoint taken only because its position is a multiple of checkpoint_interval.

@@ -239,6 +239,12 @@ Status ManagerConfig::Validate() const {
         "alignment ({} tokens)",
         checkpoint_interval, align));
   }
+  if (rolling_stride_after_give_back < 0 || rolling_stride_after_give_back % align != 0) {
+    return Status::InvalidArgument(fmt::format(
+        "manager config: rolling_stride_after_give_back {} must be 0 or a positive multiple of "
+        "the hit alignment ({} tokens)",
+        rolling_stride_after_give_back, align));
+  }
   if (max_state_splits < 0) {
     return Status::InvalidArgument(fmt::format(
         "manager config: max_state_splits {} is negative; expected 0 (no checkpoint inside a "

@@ -43,6 +43,9 @@ struct Request {
   // Positions at or past this hold KV and state computed after the request evicted tokens
   // (Evict): they are not a function of the tokens alone, so they are never published.
   int64_t publish_until = kNoLimit;
+  // Positions the rolling state is kept at are multiples of this (0: of the hit alignment); set
+  // to ManagerConfig::rolling_stride_after_give_back once the request gave its rolling state back.
+  int64_t rolling_stride = 0;
   int64_t computed = 0;
   int64_t reserved = 0;  // token tables cover [0, reserved)
   bool started = false;  // the first Allocate happened
@@ -66,6 +69,7 @@ struct Request {
     window_branch = 0;
     own_from = 0;
     publish_until = kNoLimit;
+    rolling_stride = 0;
   }
 };
 

@@ -141,7 +141,7 @@ void StateGroup::SettleSnapshots(StateSlot& ss, const Request& r, int64_t c, int
       core_.PublishBlock(pool(), s.slot, Key(r, s.position), r, s.position);
       to_release.push_back(s.slot);
     } else if (core_.config.enable_prefix_caching && s.position <= publish_limit &&
-               s.position % core_.align == 0 && s.position > ss.rolling.position) {
+               s.position % core_.RollingStride(r) == 0 && s.position > ss.rolling.position) {
       if (ss.rolling.block != BlockPool::kNullBlock) to_release.push_back(ss.rolling.block);
       ss.rolling = {s.position, s.slot};
     } else if (s.position < c) {
@@ -171,7 +171,7 @@ void StateGroup::Commit(Request& r, int64_t c, int64_t publish_limit) {
       live != BlockPool::kNullBlock && !block_pool().has_identity(live)) {
     if (core_.IsCheckpoint(r, c)) {
       core_.PublishBlock(pool(), live, Key(r, c), r, c);
-    } else if (ss.rolling.block != live) {
+    } else if (ss.rolling.block != live && c % core_.RollingStride(r) == 0) {
       if (ss.rolling.block != BlockPool::kNullBlock) to_release.push_back(ss.rolling.block);
       ss.rolling = {c, live};
       core_.AcquireHeld(pool(), live);

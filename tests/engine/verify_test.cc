@@ -222,6 +222,40 @@ TEST(Engine, CheckpointsAdmittedByExpectedReuseStayExact) {
   }
 }
 
+// Rolling states under pressure (ManagerConfig::rolling_stride_after_give_back): a request that
+// gave its rolling state back keeps its next ones only every few blocks. Every logit still equals
+// dense, and the rule changes the run: fewer give-backs than with a rolling state at every block.
+TEST(Engine, RollingStatesAtAStrideAfterAGiveBackStayExact) {
+  LoadOptions load{DType::kFP32, DType::kFP32, DType::kFP32};
+  const uint64_t seeds = testing::kSanitized ? 2 : 4;
+  for (const char* name :
+       {"ibm-ai-platform--Bamba-9B", "ai21labs--Jamba-v0.1", "Qwen--Qwen3-Next-80B-A3B-Instruct"}) {
+    auto real = LoadModelConfig(std::string(HKV_MODELS_DIR) + "/" + name, load);
+    ASSERT_TRUE(real.ok()) << real.status().ToString();
+    int64_t with = 0, without = 0, memory = 0;
+    for (uint64_t seed = 1; seed <= seeds; ++seed) {
+      VerifyOptions o;
+      o.seed = seed;
+      // Half the default budget (about three of the longest sequences): rolling states are given
+      // back often enough to see the rule.
+      if (memory == 0) memory = RunVerify(*real, o).value().memory_bytes / 2;
+      o.memory_bytes = memory;
+      o.rolling_stride_after_give_back = 16;
+      auto r = RunVerify(*real, o);
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      EXPECT_TRUE(r->completed) << name << " seed " << seed;
+      EXPECT_EQ(r->mismatches, 0) << name << " seed " << seed;
+      with += r->features.rolling_states_given_back;
+      o.rolling_stride_after_give_back = 0;
+      auto lru = RunVerify(*real, o);
+      ASSERT_TRUE(lru.ok()) << lru.status().ToString();
+      without += lru->features.rolling_states_given_back;
+    }
+    EXPECT_GT(with, 0) << name;
+    EXPECT_LT(with, without) << name;
+  }
+}
+
 // An eviction order unrelated to recency (ManagerConfig::eviction_rank, what the simulator's
 // oracle mode evicts by): a fixed scramble of each block's digest, so a prefix's start may go
 // before its end and a fresh block before a stale one. Every logit still equals dense, and the

@@ -37,6 +37,13 @@ TEST(ManagerConfig, ValidationNamesTheField) {
   ManagerConfig ckpt = MakeConfig({16}, {Full(4), Window(8, 8)});
   ckpt.checkpoint_interval = 12;
   ExpectInvalid(ckpt, "checkpoint_interval 12");
+  ManagerConfig stride = MakeConfig({16}, {Full(4), Window(8, 8)});
+  stride.rolling_stride_after_give_back = 12;
+  ExpectInvalid(stride, "rolling_stride_after_give_back 12");
+  stride.rolling_stride_after_give_back = -8;
+  ExpectInvalid(stride, "rolling_stride_after_give_back -8");
+  stride.rolling_stride_after_give_back = 16;
+  EXPECT_TRUE(stride.Validate().ok()) << stride.Validate().ToString();
   ExpectInvalid(MakeConfig({16}, {Full(1009), Window(8, 1013), Chunk(8, 1019)}), "lcm");
   // Two-level memory: 3 slabs of 5 pages make a pool of 16 blocks.
   ManagerConfig arena = MakeConfig({16}, {Full(4)});

@@ -46,6 +46,27 @@ TEST(RollingGiveBack, ARequestsOwnRollingStateLetsItsStepWriteInPlace) {
   EXPECT_EQ(FreeStates(d.m()), 1);
 }
 
+// ManagerConfig::rolling_stride_after_give_back: once a request gave its rolling state back, the
+// next aligned position no longer takes a second state page back at once; only multiples of the
+// stride do. One state block, 4-token alignment, decoding to 17: without the stride the step after
+// each of 4, 8, 12 and 16 gives the rolling state back (4 times); with a stride of 16 only the
+// steps after 4 (before any give-back) and 16 do, and the steps after 8 and 12 write in place
+// without asking for a block.
+TEST(RollingGiveBack, AfterAGiveBackRollingStatesAreKeptOnlyAtTheStride) {
+  for (const int64_t stride : {int64_t{0}, int64_t{16}}) {
+    ManagerConfig c = Tight(1);
+    c.rolling_stride_after_give_back = stride;
+    Driver d(c);
+    d.Add(1, Seq(3));
+    d.Prefill(1);
+    for (int32_t t = 0; t < 14; ++t)
+      d.Decode(1, 900 + t);  // to 17
+    EXPECT_EQ(d.m().stats().rolling_states_given_back, stride == 0 ? 4 : 2) << stride;
+    d.Free(1);
+    EXPECT_EQ(FreeStates(d.m()), 1);
+  }
+}
+
 TEST(RollingGiveBack, AnotherRequestsRollingStateIsPublishedAndFreesItsBlock) {
   Driver d(Tight(3));
   d.Add(1, Seq(3));

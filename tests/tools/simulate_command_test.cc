@@ -217,6 +217,27 @@ TEST_F(SimulateCommandTest, OracleRunAndEveryRunAsAFractionOfIt) {
   EXPECT_EQ(out.find("oracle"), std::string::npos) << out;
 }
 
+// --rolling-stride: by default a request that gave its rolling state back keeps its next ones
+// only every 4096 tokens; 0 keeps one at every aligned position again, which on Bamba in 4 GiB
+// gives many more states back (each a second state page taken back a block later). Whether that
+// hits more or less depends on the trace (docs/manager.md, "Rolling states under pressure").
+TEST_F(SimulateCommandTest, RollingStrideAfterAGiveBack) {
+  WriteTrace(200);
+  args_.config = std::string(HKV_MODELS_DIR) + "/ibm-ai-platform--Bamba-9B";
+  args_.memory = "4GiB";
+  args_.max_model_len = 16384;
+  args_.allocator = "hybridkv";
+  args_.json = true;
+  const nlohmann::json strided = FirstRun();
+  args_.rolling_stride = 0;
+  const nlohmann::json every = FirstRun();
+  const auto given_back = [](const nlohmann::json& run) {
+    return run["manager"]["rolling_states_given_back"].get<int64_t>();
+  };
+  EXPECT_GT(given_back(strided), 0);
+  EXPECT_GT(given_back(every), 2 * given_back(strided));
+}
+
 TEST_F(SimulateCommandTest, TableCsvAndPlot) {
   args_.csv_dir = (dir_ / "csv").string();
   args_.plot = (dir_ / "modes.png").string();

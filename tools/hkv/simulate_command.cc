@@ -244,6 +244,11 @@ bool SimulateRun(const Inputs& in, const SimulateArgs& args, Run& run, std::ostr
     allocator->config.max_state_splits = args.max_state_splits;
     allocator->config.evict_uncovered = !args.no_coverage;
     allocator->config.prompt_checkpoints = args.prompt_checkpoints;
+    if (args.rolling_stride >= 0) {
+      const int64_t align = allocator->config.align_tokens();
+      allocator->config.rolling_stride_after_give_back =
+          (args.rolling_stride + align - 1) / align * align;
+    }
     run.block_tokens = allocator->block_tokens;
     run.state_page_bytes = allocator->state_page_bytes;
     run.pool_block_bytes = allocator->pool_block_bytes;
@@ -386,6 +391,12 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
                 "hkv modes on recurrent hybrids: also checkpoint every prompt's end (what an "
                 "identical prompt would hit; ManagerConfig::prompt_checkpoints); by default "
                 "states are admitted only where prefixes branch and where requests end");
+  cmd->add_option("--rolling-stride", args.rolling_stride,
+                  "hkv modes on recurrent hybrids: once a request gave its rolling state back "
+                  "under pressure, keep its next ones only every this many tokens (rounded up to "
+                  "the mode's hit alignment; 0: at every aligned position; default: the mode's, "
+                  "4096)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 24));
   cmd->add_flag("--oracle", args.oracle,
                 "also replay an `oracle` run: hybridkv's layout evicting Belady-style by the "
                 "trace's future (the next request that needs a prefix), and show every run's hit "

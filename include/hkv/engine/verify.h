@@ -40,6 +40,8 @@ struct VerifyOptions {
   int32_t block_tokens = 4;
   bool compact = true;  // the engine compacts stranded two-level memory (EngineOptions::compact)
   bool prompt_checkpoints = true;  // ManagerConfig::prompt_checkpoints
+  // ManagerConfig::rolling_stride_after_give_back, rounded up to the scaled model's alignment.
+  int64_t rolling_stride_after_give_back = 0;
   // ManagerConfig::eviction_rank: evict by this order instead of recency (nullptr: recency).
   std::shared_ptr<const EvictionRank> eviction_rank;
   // Sparse-KV policies on every full-attention layer (no speculative drafts then). Every

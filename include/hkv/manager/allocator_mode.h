@@ -22,7 +22,9 @@
 //   one pool per page class, split at the planning point `seq_tokens`.
 // Every mode keeps prefix caching on and uses the manager's rules (all-or-nothing allocation,
 // tail-first eviction, recurrent checkpoints admitted by expected reuse: no prompt-end
-// checkpoints, ManagerConfig::prompt_checkpoints off); only pages, groups and pools differ.
+// checkpoints, ManagerConfig::prompt_checkpoints off; a request that gave its rolling state back
+// keeps its next ones only every kRollingStrideAfterGiveBack tokens, rounded up to the mode's hit
+// alignment, ManagerConfig::rolling_stride_after_give_back); only pages, groups and pools differ.
 //
 // Per-sequence figures are computed from `config` and `pool_block_bytes` alone, the same way for
 // every mode: a group holds TokenRule::BlocksHeld blocks of its pool for one sequence (a state
@@ -43,6 +45,11 @@
 namespace hkv {
 
 enum class AllocatorMode : unsigned char { kUniform, kPadded, kHybridKV };
+
+// Measured on the pressure grid's recurrent cells (docs/manager.md, "Rolling states under
+// pressure"): 1024 to 8192 tokens all recover most of what every-block rolling lost; 4096 lost
+// least across Bamba, Jamba and Qwen3-Next.
+inline constexpr int64_t kRollingStrideAfterGiveBack = 4096;
 
 inline constexpr AllocatorMode kAllAllocatorModes[] = {
     AllocatorMode::kUniform, AllocatorMode::kPadded, AllocatorMode::kHybridKV};

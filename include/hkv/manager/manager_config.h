@@ -79,6 +79,13 @@ struct ManagerConfig {
   // point it has become. A state costs as much as thousands of tokens of attention KV, and a
   // prompt-end checkpoint is demoted as soon as its request ends anyway.
   bool prompt_checkpoints = true;
+  // Once a request gave its rolling recurrent state back under memory pressure (see Allocate), it
+  // keeps its next ones only at multiples of this many tokens instead of at every aligned
+  // position: otherwise the next aligned position, a block later, takes the second state page
+  // back at once, and each running request goes on holding two states (live and rolling) when
+  // memory is short. The state it ends with is then up to this many tokens older, so a next turn
+  // hits up to that much less. 0: off (every aligned position); else a multiple of align_tokens().
+  int64_t rolling_stride_after_give_back = 0;
   bool enable_prefix_caching = true;
   bool drop_last_hit_block = false;  // speculative decoding (EAGLE/MTP): hits end one unit early
   // Free releases the token blocks of all groups sharing a pool in one tail-first order by
