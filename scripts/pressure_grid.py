@@ -14,6 +14,11 @@ yardstick, not a mode a deployment can run, so it is never counted against hybri
 
   scripts/pressure_grid.py [--models M1,M2] [--memory 2,4,8,16] [--gaps 15,50,150,300]
                            [--seeds 1,2] [--requests 1000] [--jobs 2] [--hkv BIN] [--out FILE]
+                           [--plots DIR] [--replot]
+
+It also draws, per model, hit rate and scheduled tokens against memory for every mode and the
+oracle, one column per load (gnuplot, DIR/<model>.png; default docs/pressure_grid/). --replot
+redraws them from the cells of an existing page (--out) without replaying anything.
 
 Models are folder names under models/ (default: every bundled model). Figures are deterministic;
 manager times are not reported.
@@ -24,6 +29,7 @@ import argparse
 import concurrent.futures
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -77,6 +83,79 @@ def behind(cell: dict) -> list[str]:
     return out
 
 
+def parse_page(path: str) -> dict:
+    """The cells of a page this script wrote: {(model, gib, gap): {mode: cell or None}}."""
+    cells, model, shown = {}, None, []
+    for line in open(path):
+        if line.startswith("### "):
+            model = line[4:].strip()
+        elif line.startswith("| memory |"):
+            shown = [c.strip() for c in line.strip().strip("|").split("|")][2:]
+        elif model and re.match(r"\| \d+ GiB \|", line):
+            parts = [c.strip() for c in line.strip().strip("|").split("|")]
+            gib, gap = int(parts[0].split()[0]), int(parts[1])
+            row = {}
+            for mode, text in zip(shown, parts[2:]):
+                if mode not in SHOWN:
+                    continue
+                if text == "refused":
+                    row[mode] = None
+                else:
+                    hit, preempt, sched = (x.strip() for x in text.split("/"))
+                    row[mode] = {"hit": float(hit), "preempt": int(preempt),
+                                 "sched": float(sched) * 1e6}
+            cells[(model, gib, gap)] = row
+    return cells
+
+
+def plot(cells: dict, models: list[str], memories: list[int], gaps: list[int], out: str) -> None:
+    """Per model, a PNG: hit rate (top) and scheduled tokens (bottom) against memory, a column
+    per load, a line per mode and the oracle."""
+    os.makedirs(out, exist_ok=True)
+    with tempfile.TemporaryDirectory() as work:
+        for m in models:
+            script = [f"set terminal pngcairo size {360 * len(gaps)},620 font ',9'",
+                      f"set output '{os.path.join(out, m + '.png')}'",
+                      f"set multiplot layout 2,{len(gaps)} title '{m}: 1000 requests, seeds "
+                      "summed or averaged'",
+                      "set logscale x 2", f"set xrange [{min(memories) * 0.8}:{max(memories) * 1.25}]",
+                      "set xtics (" +
+                      ", ".join(f"'{g}' {g}" for g in memories) + ")",
+                      "set key top left font ',7' samplen 2 opaque", "set grid",
+                      "set datafile missing '?'"]
+            for row, (what, label) in enumerate((("hit", "hit rate"),
+                                                 ("sched", "scheduled Mtok"))):
+                for gap in gaps:
+                    data = os.path.join(work, f"{len(script)}.dat")
+                    points = 0
+                    with open(data, "w") as f:
+                        for gib in memories:
+                            vals = []
+                            for mode in SHOWN:
+                                c = cells.get((m, gib, gap), {}).get(mode)
+                                v = None if c is None else (c[what] if what == "hit"
+                                                            else c[what] / 1e6)
+                                vals.append("?" if v is None else f"{v:.4f}")
+                                points += v is not None
+                            f.write(f"{gib} " + " ".join(vals) + "\n")
+                    # One legend per row, in its first panel.
+                    script.append("set key on" if gap == gaps[0] else "set key off")
+                    script.append(f"set title 'gap {gap}'")
+                    script.append(f"set xlabel 'memory (GiB)'; set ylabel '{label}'")
+                    if points == 0:  # every mode refused every memory at this load
+                        script.append("set yrange [0:1]; plot NaN notitle; set autoscale y")
+                        continue
+                    script.append("plot " + ", ".join(
+                        f"'{data}' using 1:{i + 2} with linespoints title '{mode}'"
+                        + (" dashtype 2" if mode == "oracle" else "")
+                        for i, mode in enumerate(SHOWN)))
+            script.append("unset multiplot")
+            p = subprocess.run(["gnuplot"], input="\n".join(script), text=True,
+                               capture_output=True)
+            if p.returncode != 0:
+                sys.exit(f"gnuplot failed on {m}:\n{p.stderr[-3000:]}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -88,11 +167,19 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--hkv", default=os.path.join(ROOT, "build", "release", "tools", "hkv", "hkv"))
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "pressure_grid.md"))
+    ap.add_argument("--plots", default=os.path.join(ROOT, "docs", "pressure_grid"))
+    ap.add_argument("--replot", action="store_true",
+                    help="redraw the figures from the page --out names, replaying nothing")
     args = ap.parse_args()
     models = [m for m in args.models.split(",") if m]
     memories = [int(x) for x in args.memory.split(",")]
     gaps = [int(x) for x in args.gaps.split(",")]
     seeds = [int(x) for x in args.seeds.split(",")]
+    if args.replot:
+        cells = parse_page(args.out)
+        plot(cells, sorted({k[0] for k in cells}), memories, gaps, args.plots)
+        print(f"{args.plots}: {len({k[0] for k in cells})} figures")
+        return
     t0 = time.time()
     with tempfile.TemporaryDirectory() as work:
         traces = {(s, g): gen_trace(args.hkv, work, args.requests, s, g)
@@ -154,6 +241,7 @@ def main() -> None:
     head += [f"- {c}" for c in behind_cells] + [""] + oracle_summary
     with open(args.out, "w") as f:
         f.write("\n".join(head + lines))
+    plot(parse_page(args.out), models, memories, gaps, args.plots)
     print(f"{args.out}: {len(behind_cells)} cells behind, {time.time() - t0:.0f} s")
 
 

@@ -306,9 +306,7 @@ Result<VerifyReport> RunVerify(const ModelSpec& real, const VerifyOptions& o) {
   config.checkpoint_interval = 2 * config.align_tokens();
   config.prompt_checkpoints = o.prompt_checkpoints;
   config.eviction_rank = o.eviction_rank;
-  const int64_t align = config.align_tokens();
-  config.rolling_stride_after_give_back =
-      (o.rolling_stride_after_give_back + align - 1) / align * align;
+  config.rolling_stride_after_give_back = config.AlignUp(o.rolling_stride_after_give_back);
   // Every third seed runs as an EAGLE-style engine would: hits end one block early.
   config.drop_last_hit_block = o.seed % 3 == 0;
   EngineOptions eo = VerifyEngineOptions(o);

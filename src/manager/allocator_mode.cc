@@ -329,9 +329,7 @@ Result<Allocator> MakeAllocator(const ModelSpec& model, AllocatorMode mode,
   // Every mode serves with checkpoints admitted by expected reuse, and under pressure keeps fewer
   // rolling states (allocator_mode.h).
   a.config.prompt_checkpoints = false;
-  const int64_t align = a.config.align_tokens();
-  a.config.rolling_stride_after_give_back =
-      (kRollingStrideAfterGiveBack + align - 1) / align * align;
+  a.config.rolling_stride_after_give_back = a.config.AlignUp(kRollingStrideAfterGiveBack);
   int64_t blocks = 0;
   for (const int32_t b : a.config.pool_blocks)
     blocks += b - 1;

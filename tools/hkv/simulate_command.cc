@@ -245,9 +245,8 @@ bool SimulateRun(const Inputs& in, const SimulateArgs& args, Run& run, std::ostr
     allocator->config.evict_uncovered = !args.no_coverage;
     allocator->config.prompt_checkpoints = args.prompt_checkpoints;
     if (args.rolling_stride >= 0) {
-      const int64_t align = allocator->config.align_tokens();
       allocator->config.rolling_stride_after_give_back =
-          (args.rolling_stride + align - 1) / align * align;
+          allocator->config.AlignUp(args.rolling_stride);
     }
     run.block_tokens = allocator->block_tokens;
     run.state_page_bytes = allocator->state_page_bytes;
