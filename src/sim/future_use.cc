@@ -44,7 +44,6 @@ Result<std::shared_ptr<FutureUse>> FutureUse::Create(const Trace& trace, int32_t
   f->table_.resize(std::bit_ceil(std::max<size_t>(2 * total, 16)));
   f->mask_ = f->table_.size() - 1;
   // Two passes: count each prefix's users, then lay them out contiguously in request order.
-  std::vector<int32_t> of_request;
   for (size_t i = 0; i < trace.size(); ++i) {
     for (size_t k = 0; k < f->digests_[i].size(); ++k) {
       int32_t e = f->FindEntry(f->digests_[i][k]);
@@ -91,7 +90,10 @@ int32_t FutureUse::InsertEntry(const BlockHash& digest) {
 }
 
 int64_t FutureUse::NextUse(const BlockHash& digest) const {
-  const int32_t e = FindEntry(digest);
+  return NextUseOf(FindEntry(digest));
+}
+
+int64_t FutureUse::NextUseOf(int32_t e) const {
   if (e < 0) return num_requests_;
   const Entry& en = entries_[static_cast<size_t>(e)];
   for (int64_t u = en.cursor; u < en.end; ++u) {
@@ -103,7 +105,7 @@ int64_t FutureUse::NextUse(const BlockHash& digest) const {
 
 uint64_t FutureUse::Rank(const BlockHash& digest) const {
   const int32_t e = FindEntry(digest);
-  const int64_t next = NextUse(digest);
+  const int64_t next = NextUseOf(e);
   const uint64_t depth =
       e < 0 ? kDepthMask
             : std::min<uint64_t>(static_cast<uint64_t>(entries_[static_cast<size_t>(e)].depth),

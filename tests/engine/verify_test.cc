@@ -10,6 +10,7 @@
 #include <hkv/plan/plan.h>
 #include <hkv/spec/config_loader.h>
 
+#include "../pool/scrambled_rank.h"
 #include "engine_test_util.h"
 
 namespace hkv {
@@ -260,16 +261,6 @@ TEST(Engine, RollingStatesAtAStrideAfterAGiveBackStayExact) {
 // oracle mode evicts by): a fixed scramble of each block's digest, so a prefix's start may go
 // before its end and a fresh block before a stale one. Every logit still equals dense, and the
 // order is really another one: the engine hits a different number of tokens than with recency.
-class ScrambledRank final : public EvictionRank {
- public:
-  uint64_t Rank(const BlockHash& d) const override {
-    uint64_t z = d.lo ^ (d.hi * 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return (z ^ (z >> 31)) >> 8;
-  }
-};
-
 TEST(Engine, AnyEvictionOrderStaysExact) {
   LoadOptions load{DType::kFP32, DType::kFP32, DType::kFP32};
   const uint64_t seeds = testing::kSanitized ? 2 : 4;
@@ -281,7 +272,7 @@ TEST(Engine, AnyEvictionOrderStaysExact) {
     for (uint64_t seed = 1; seed <= seeds; ++seed) {
       VerifyOptions o;
       o.seed = seed;
-      o.eviction_rank = std::make_shared<ScrambledRank>();
+      o.eviction_rank = std::make_shared<testing::ScrambledRank>();
       auto r = RunVerify(*real, o);
       ASSERT_TRUE(r.ok()) << r.status().ToString();
       EXPECT_TRUE(r->completed) << name << " seed " << seed;

@@ -21,6 +21,7 @@
 #include <hkv/plan/plan.h>
 #include <hkv/spec/config_loader.h>
 
+#include "../pool/scrambled_rank.h"
 #include "fake_engine.h"
 
 namespace hkv {
@@ -138,21 +139,8 @@ void TwoLevel(ManagerConfig& c) {
     c.pool_blocks[p] = static_cast<int32_t>(slabs * per[p] + 1);
 }
 
-// An eviction order unrelated to recency or prefix order (ManagerConfig::eviction_rank): a
-// block's rank is a fixed scramble of its digest, so parents go before children, recent before
-// old - orders LRU never produces, which every hit must still read correctly.
-class ScrambledRank final : public EvictionRank {
- public:
-  uint64_t Rank(const BlockHash& d) const override {
-    uint64_t z = d.lo ^ (d.hi * 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return (z ^ (z >> 31)) >> 8;
-  }
-};
-
 std::optional<ManagerConfig> Ranked(std::optional<ManagerConfig> c) {
-  if (c) c->eviction_rank = std::make_shared<ScrambledRank>();
+  if (c) c->eviction_rank = std::make_shared<testing::ScrambledRank>();
   return c;
 }
 

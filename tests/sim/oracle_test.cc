@@ -9,19 +9,13 @@
 #include <hkv/sim/replayer.h>
 #include <hkv/sim/trace_generator.h>
 
+#include "replay_test_util.h"
+
 namespace hkv {
 namespace {
 
-TraceRequest Request(int64_t id, int64_t arrival, std::vector<int32_t> prompt,
-                     std::vector<int32_t> output) {
-  TraceRequest t;
-  t.id = id;
-  t.arrival_step = arrival;
-  t.prompt = std::move(prompt);
-  t.output_len = static_cast<int32_t>(output.size());
-  t.output = std::move(output);
-  return t;
-}
+using testing::FullAttention;
+using testing::Request;
 
 BlockHash Digest(const std::vector<int32_t>& tokens, size_t blocks, size_t block_tokens) {
   BlockHash h = kRootHash;
@@ -78,13 +72,7 @@ TEST(FutureUse, RanksByTheNextRequestNotYetAdmitted) {
 TEST(Oracle, KeepsThePrefixTheNextRequestNeeds) {
   const Trace trace{Request(0, 0, kA, {100}), Request(1, 5, kB, {101}), Request(2, 10, kC, {102}),
                     Request(3, 15, kA12, {103})};
-  ManagerConfig c;
-  c.pool_blocks = {5};
-  GroupConfig g;
-  g.rule.kind = TokenRuleKind::kAll;
-  g.block_tokens = 4;
-  c.groups = {g};
-  c.max_model_len = 64;
+  ManagerConfig c = FullAttention(4);
   ReplayOptions o;
   o.token_budget = 16;
   o.max_model_len = 64;
@@ -155,13 +143,7 @@ TEST(Oracle, AHybridInTwoLevelMemoryKeepsEveryInvariant) {
 
 TEST(Oracle, RefusesAConfigWithARankOfItsOwn) {
   const Trace trace{Request(0, 0, kA, {100})};
-  ManagerConfig c;
-  c.pool_blocks = {5};
-  GroupConfig g;
-  g.rule.kind = TokenRuleKind::kAll;
-  g.block_tokens = 4;
-  c.groups = {g};
-  c.max_model_len = 64;
+  ManagerConfig c = FullAttention(4);
   c.eviction_rank = FutureUse::Create(trace, 4).value();
   ReplayOptions o;
   o.max_model_len = 64;

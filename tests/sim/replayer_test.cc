@@ -8,31 +8,13 @@
 #include <hkv/sim/replayer.h>
 #include <hkv/sim/trace_generator.h>
 
+#include "replay_test_util.h"
+
 namespace hkv {
 namespace {
 
-// One full-attention group of 4-token blocks over `blocks` blocks.
-ManagerConfig FullAttention(int32_t blocks) {
-  ManagerConfig c;
-  c.pool_blocks = {blocks + 1};
-  GroupConfig g;
-  g.rule.kind = TokenRuleKind::kAll;
-  g.block_tokens = 4;
-  c.groups = {g};
-  c.max_model_len = 64;
-  return c;
-}
-
-TraceRequest Request(int64_t id, int64_t arrival, std::vector<int32_t> prompt,
-                     std::vector<int32_t> output) {
-  TraceRequest t;
-  t.id = id;
-  t.arrival_step = arrival;
-  t.prompt = std::move(prompt);
-  t.output_len = static_cast<int32_t>(output.size());
-  t.output = std::move(output);
-  return t;
-}
+using testing::FullAttention;
+using testing::Request;
 
 ReplayOptions Options(int64_t budget) {
   ReplayOptions o;

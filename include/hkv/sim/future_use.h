@@ -49,6 +49,7 @@ class FutureUse final : public EvictionRank {
     int32_t entry = -1;  // -1: empty
   };
   int32_t FindEntry(const BlockHash& digest) const;
+  int64_t NextUseOf(int32_t entry) const;  // entry -1: none
   int32_t InsertEntry(const BlockHash& digest);
 
   int64_t num_requests_ = 0;
