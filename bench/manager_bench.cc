@@ -372,6 +372,39 @@ void BM_Lookup(benchmark::State& state) {
 }
 BENCHMARK(BM_Lookup)->ArgName("pool")->Arg(1 << 10)->Arg(10 << 10)->Arg(100 << 10);
 
+// A conversation's next turn: the previous 2048-token turn is cached, the new prompt adds 1024
+// tokens nobody computed. The hit search must find the cached part without paying for the new
+// one; a window group scanning down from the prompt's end would probe every new block first.
+void BM_LookupNextTurn(benchmark::State& state) {
+  const auto model = static_cast<int>(state.range(0));
+  constexpr int64_t kTurn = 2048, kNew = 1024;
+  Result<ManagerConfig> config = ModelConfig(model);
+  if (!Check(state, config.status())) return;
+  std::vector<int32_t> pools(config->pool_blocks.size(), 4096);
+  Result<KvCacheManager> made = MakeManager(model, pools);
+  if (!Check(state, made.status())) return;
+  KvCacheManager& m = *made;
+  std::vector<int32_t> prompt = BasePrompt(kTurn + kNew);
+  if (!Check(state, Prefill(m, 1, std::span<const int32_t>(prompt).first(kTurn), false))) return;
+  Stamp(prompt, kTurn, 7);
+  RequestSpec spec;
+  spec.id = 2;
+  spec.prompt = prompt;
+  if (!Check(state, m.AddRequest(spec))) return;
+  if (!Check(state, m.Lookup(2).status())) return;  // scratch buffers grow on first use
+  int64_t hit_tokens = 0;
+  for (auto _ : state) {
+    const Result<PrefixHit> hit = m.Lookup(2);
+    if (!Check(state, hit.status())) break;
+    hit_tokens += hit->tokens;
+  }
+  state.counters["hit_tokens"] =
+      benchmark::Counter(static_cast<double>(hit_tokens), benchmark::Counter::kAvgIterations);
+  state.SetLabel(kModels[static_cast<size_t>(model)].name);
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_LookupNextTurn)->ArgName("model")->DenseRange(0, 2);
+
 // Parallel sampling: a child forked from a 2040-token parent (last block partly filled) decodes
 // one token, which copies the shared partial block, and is freed.
 void BM_ForkCycle(benchmark::State& state) {

@@ -24,6 +24,7 @@ class EncoderGroup final : public GroupManager {
     table(slot).clear();
     dirty(slot) = 0;
   }
+  int SearchPass() const override { return 0; }  // never lowers x
   int64_t LookupBound(const Request&, int64_t x, int64_t) override { return x; }
   int32_t CountLoads(const Request&, int64_t) const override { return 0; }
   bool EncoderCached(const Request& r) const override;

@@ -92,6 +92,12 @@ class GroupManager {
 
   // ---- hit search. BeginSearch starts a new fixed point (a group may memoise within one).
   virtual void BeginSearch() {}
+  // Where the group is asked in the fixed point (ascending; ties in group order). The answer
+  // does not depend on it, the work does: a group whose bound is cheap and tight (full
+  // attention counts cached blocks from the front) goes first, so that one that scans down
+  // from its x (a window, a state) starts below the prompt's uncached tail instead of probing
+  // it block by block. State groups must come after every token group (token_search_groups).
+  virtual int SearchPass() const = 0;
   // Largest x' <= x (a multiple of align) from which this group could continue with available
   // blocks; `cap` bounds the whole search. Groups that do not follow decoder positions return x.
   virtual int64_t LookupBound(const Request& r, int64_t x, int64_t cap) = 0;

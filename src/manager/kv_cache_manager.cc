@@ -31,12 +31,14 @@ KvCacheManager::Impl::Impl(const ManagerConfig& c) : core(c), config(core.config
     if (groups.back()->KeepsPreviousStep()) previous_step_keepers.push_back(groups.back().get());
     if (groups.back()->RestrictsCommit()) commit_checkers.push_back(groups.back().get());
   }
-  for (int pass = 0; pass < 2; ++pass) {
-    for (size_t gi = 0; gi < config.groups.size(); ++gi) {
-      if (config.groups[gi].is_state() == (pass == 1)) search_order.push_back(gi);
-    }
-    if (pass == 0) token_search_groups = search_order.size();
-  }
+  for (size_t gi = 0; gi < groups.size(); ++gi)
+    search_order.push_back(gi);
+  std::stable_sort(search_order.begin(), search_order.end(), [&](size_t a, size_t b) {
+    return groups[a]->SearchPass() < groups[b]->SearchPass();
+  });
+  token_search_groups =
+      static_cast<size_t>(std::count_if(config.groups.begin(), config.groups.end(),
+                                        [](const GroupConfig& gc) { return !gc.is_state(); }));
 }
 
 Result<KvCacheManager> KvCacheManager::Create(const ManagerConfig& config) {

@@ -46,6 +46,7 @@ class StateGroup final : public GroupManager {
 
   void AddSlot() override { slots_.emplace_back(); }
   void ClearSlot(int32_t slot) override { slot_at(slot).Clear(); }
+  int SearchPass() const override { return 2; }
   int64_t LookupBound(const Request& r, int64_t x, int64_t cap) override;
   // Every aligned position up to `cap` whose checkpoint the pools do not cache.
   void ExternalCandidates(const Request& r, int64_t cap,

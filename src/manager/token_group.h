@@ -122,6 +122,7 @@ class FullAttentionGroup final : public TokenGroup {
 
   NeededBlocks Needed(int64_t x) const override;
   void BeginSearch() override { cached_prefix_ = -1; }
+  int SearchPass() const override { return 0; }
   int64_t LookupBound(const Request& r, int64_t x, int64_t cap) override;
   bool BranchReach(const Request& r, int64_t cap, int64_t hit, int64_t& reach,
                    bool& held) const override;
@@ -140,12 +141,21 @@ class WindowGroup final : public TokenGroup {
   using TokenGroup::TokenGroup;
 
   NeededBlocks Needed(int64_t x) const override;
+  void BeginSearch() override { scanned_from_ = -1; }
+  int SearchPass() const override { return 1; }
   int64_t LookupBound(const Request& r, int64_t x, int64_t cap) override;
   int64_t TruncateBound(const Request& r, int64_t x, int64_t new_known) const override;
   void Commit(Request& r, int64_t computed, int64_t publish_limit) override;
   void CollectForRelease(Request& r, std::vector<std::pair<int64_t, int32_t>>& out) override;
   void GiveBackBranch(Request& q, std::vector<GivenBack>& out) override;
   void RestoreGivenBack(const GivenBack& g) override;
+
+ private:
+  // Within one fixed point: the last scan went down from scanned_from_ to found_ (-1: none yet).
+  // The answer for any x in [found_, scanned_from_] is found_ again, so the fixed point's
+  // confirming round costs nothing instead of a whole window of probes.
+  int64_t scanned_from_ = -1;
+  int64_t found_ = 0;
 };
 
 }  // namespace hkv::manager_internal

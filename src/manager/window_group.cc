@@ -23,10 +23,14 @@ NeededBlocks WindowGroup::Needed(int64_t x) const {
 }
 
 int64_t WindowGroup::LookupBound(const Request& r, int64_t x, int64_t) {
+  // The index does not change during a search, and the largest valid position <= x is found_
+  // for every x between found_ and the x that found it.
+  if (x >= found_ && x <= scanned_from_) return found_;
   const BlockPool& bp = block_pool();
-  return ScanDown(
-      block_tokens(), x, core_.align, [&](int64_t at) { return Needed(at); },
-      [&](int64_t j) { return core_.Available(bp, Key(r, j)); });
+  scanned_from_ = x;
+  return found_ = ScanDown(
+             block_tokens(), x, core_.align, [&](int64_t at) { return Needed(at); },
+             [&](int64_t j) { return core_.Available(bp, Key(r, j)); });
 }
 
 int64_t WindowGroup::TruncateBound(const Request& r, int64_t x, int64_t new_known) const {
