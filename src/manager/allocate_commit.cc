@@ -152,6 +152,8 @@ Status KvCacheManager::Impl::Allocate(Request& r, int64_t num_new, const PrefixH
   if (r.started && std::all_of(groups.begin(), groups.end(),
                                [&](const auto& g) { return g->StepIsFree(r, s); })) {
     r.copies.clear();
+    for (manager_internal::GroupManager* g : free_step_workers)
+      g->ApplyFreeStep(r);
     OpenStep(r, s);
     return Status::Ok();
   }

@@ -29,6 +29,7 @@ bool GroupManager::BranchReach(const Request&, int64_t, int64_t, int64_t&, bool&
 bool GroupManager::StepIsFree(const Request&, const StepPlan&) const {
   return false;
 }
+void GroupManager::ApplyFreeStep(Request&) {}
 void GroupManager::PlaceLoad(Request&, int64_t, int32_t) {}
 void GroupManager::EndPreviousStep(Request&) {}
 

@@ -119,9 +119,15 @@ class GroupManager {
 
   // ---- Allocate: plan (no mutation) then apply.
   // Whether a started request's step s needs nothing of this group: PlanStep would count no
-  // block and ApplyStep would change nothing. When every group says so (most decode steps),
-  // Allocate skips planning. False unless a kind can tell cheaply.
+  // block, ApplyStep would allocate nothing and EndPreviousStep would release nothing. When every
+  // group says so (most decode steps), Allocate skips planning and, of the apply, runs only
+  // ApplyFreeStep. False unless a kind can tell cheaply.
   virtual bool StepIsFree(const Request& r, const StepPlan& s) const;
+  // What ApplyStep still does on a free step (a state group points the step's read and write at
+  // the live state it updates in place). Called only for groups that say they do something
+  // there (the coordinator lists them once).
+  virtual bool WorksOnFreeStep() const { return false; }
+  virtual void ApplyFreeStep(Request& r);
   // Adds what the group must allocate to `need` and its hit blocks to `hp`.
   virtual Status PlanStep(const Request& r, const StepPlan& s, HitPlan& hp,
                           int64_t& need) const = 0;

@@ -30,6 +30,7 @@ KvCacheManager::Impl::Impl(const ManagerConfig& c) : core(c), config(core.config
     groups.push_back(manager_internal::MakeGroupManager(core, static_cast<int32_t>(g)));
     if (groups.back()->KeepsPreviousStep()) previous_step_keepers.push_back(groups.back().get());
     if (groups.back()->RestrictsCommit()) commit_checkers.push_back(groups.back().get());
+    if (groups.back()->WorksOnFreeStep()) free_step_workers.push_back(groups.back().get());
   }
   for (size_t gi = 0; gi < groups.size(); ++gi)
     search_order.push_back(gi);

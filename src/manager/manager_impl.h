@@ -110,7 +110,8 @@ struct KvCacheManager::Impl {
   std::vector<size_t> search_order;
   size_t token_search_groups = 0;  // the leading part of search_order without state groups
   // The groups that act at EndPreviousStep / CheckCommit (listed once: most groups never do).
-  std::vector<manager_internal::GroupManager*> previous_step_keepers, commit_checkers;
+  std::vector<manager_internal::GroupManager*> previous_step_keepers, commit_checkers,
+      free_step_workers;
 
   std::vector<Request> requests;  // slots, recycled
   std::vector<int32_t> free_slots;

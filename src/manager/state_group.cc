@@ -100,6 +100,19 @@ void StateGroup::ApplyStep(Request& r, const StepPlan& s) {
     ss.snaps.push_back({p, fresh[k++]});
 }
 
+bool StateGroup::StepIsFree(const Request& r, const StepPlan& s) const {
+  if (!s.started || !s.snapshots.empty()) return false;
+  const StateSlot& ss = slot_at(r.slot);
+  return ss.held.empty() && InPlace(ss, true);
+}
+
+void StateGroup::ApplyFreeStep(Request& r) {
+  // ApplyStep's in-place case with no snapshots, which allocates nothing.
+  StateSlot& ss = slot_at(r.slot);
+  ss.read = ss.write = ss.live;
+  ss.snaps.clear();
+}
+
 void StateGroup::EndPreviousStep(Request& r) {
   // The request has moved on, so Truncate no longer needs the speculative states it kept.
   StateSlot& ss = slot_at(r.slot);

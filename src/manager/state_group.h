@@ -57,6 +57,11 @@ class StateGroup final : public GroupManager {
   void ApplyHit(Request& r, const StepPlan& s, HitPlan& hp) override;
   void PlaceLoad(Request& r, int64_t index, int32_t block) override;
   void ApplyStep(Request& r, const StepPlan& s) override;
+  // A step without snapshots that updates the live state in place, with nothing kept from the
+  // previous step: every decode step of a request that keeps no rolling state there.
+  bool StepIsFree(const Request& r, const StepPlan& s) const override;
+  bool WorksOnFreeStep() const override { return true; }
+  void ApplyFreeStep(Request& r) override;
   bool KeepsPreviousStep() const override { return true; }
   void EndPreviousStep(Request& r) override;
   bool RestrictsCommit() const override { return true; }
