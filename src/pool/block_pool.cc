@@ -79,6 +79,8 @@ Status BlockPool::CheckSegmentId(int32_t segment, const char* call) const {
 void BlockPool::MoveSegment(int32_t seg, uint8_t list, bool front) {
   const size_t i = Seg(seg);
   const uint8_t from = seg_list_[i];
+  if (from == kEmptyCached) cached_in_empty_ -= seg_cached_[i];
+  if (list == kEmptyCached) cached_in_empty_ += seg_cached_[i];
   if (from == kEmptyUncached || from == kEmptyCached) {
     if (seg_prev_[i] >= 0)
       seg_next_[Seg(seg_prev_[i])] = seg_next_[i];
@@ -146,6 +148,7 @@ void BlockPool::SegmentCached(int32_t b, int delta) {
   const int32_t seg = segment_of(b);
   const size_t i = Seg(seg);
   seg_cached_[i] += delta;
+  if (seg_list_[i] == kEmptyCached) cached_in_empty_ += delta;
   // An empty segment that loses its last identity is plain free memory from now on.
   if (seg_cached_[i] == 0 && seg_list_[i] == kEmptyCached) MoveSegment(seg, kEmptyUncached);
 }
@@ -391,10 +394,7 @@ bool BlockPool::Store(int32_t b, const PrefixKey& key, const PublishOrigin& from
 
 int32_t BlockPool::StrandedBlocks() const {
   // Uncached free blocks, less those in empty segments (all their blocks are free).
-  int32_t in_empty = num_empty_ * segment_blocks_;
-  for (int32_t seg = empty_head_[kEmptyCached]; seg >= 0; seg = seg_next_[Seg(seg)])
-    in_empty -= seg_cached_[Seg(seg)];
-  return (num_free_ - num_free_cached_) - in_empty;
+  return (num_free_ - num_free_cached_) - (num_empty_ * segment_blocks_ - cached_in_empty_);
 }
 
 Status BlockPool::Demote(int32_t block) {
@@ -505,6 +505,7 @@ void BlockPool::ResetPrefixCache() {
   num_free_cached_ = 0;
   while (empty_head_[kEmptyCached] >= 0)
     MoveSegment(empty_head_[kEmptyCached], kEmptyUncached);
+  cached_in_empty_ = 0;  // the segments' counts were zeroed before they moved
   Record(KvEvent::Kind::kCleared, {}, 0);
 }
 

@@ -270,6 +270,9 @@ class BlockPool {
   std::vector<uint64_t> seg_tick_;
   int32_t empty_head_[2] = {-1, -1}, empty_tail_[2] = {-1, -1};
   int32_t num_empty_ = 0;
+  // Cached blocks in the segments on the cached empty list, kept as they move, so that
+  // StrandedBlocks (read every step to decide on compaction) need not walk that list.
+  int32_t cached_in_empty_ = 0;
   const EvictionRank* rank_ = nullptr;
   bool pack_ = false;
   int32_t fill_ = -1;          // the segment being filled, -1 none
