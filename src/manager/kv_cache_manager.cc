@@ -366,6 +366,19 @@ StepInfo KvCacheManager::Impl::StepOf(const Request& r) const {
 
 namespace {
 
+// The slots of table positions [begin, end), every block of which the table holds. One block at
+// a time: slots within a block are consecutive.
+void FillSlots(std::span<const int32_t> table, int64_t bs, int64_t begin, int64_t end,
+               std::span<int64_t> out) {
+  size_t at = 0;
+  for (int64_t p = begin; p < end;) {
+    const int64_t block_end = std::min(end, (p / bs + 1) * bs);
+    int64_t slot = int64_t{table[static_cast<size_t>(p / bs)]} * bs + p % bs;
+    for (; p < block_end; ++p)
+      out[at++] = slot++;
+  }
+}
+
 Status CheckGroup(const ManagerConfig& c, const char* call, int32_t group) {
   if (group < 0 || static_cast<size_t>(group) >= c.groups.size()) {
     return Status::InvalidArgument(
@@ -437,14 +450,7 @@ Status KvCacheManager::Impl::MapSlots(const Request& req, int32_t group, int64_t
         fmt::format("slot mapping: an output of {} slots for the {} positions [{}, {})", out.size(),
                     end - begin, begin, end));
   }
-  // One block at a time: slots within a block are consecutive.
-  size_t at = 0;
-  for (int64_t p = begin - shift; p < end - shift;) {
-    const int64_t block_end = std::min(end - shift, (p / bs + 1) * bs);
-    int64_t slot = int64_t{table[static_cast<size_t>(p / bs)]} * bs + p % bs;
-    for (; p < block_end; ++p)
-      out[at++] = slot++;
-  }
+  FillSlots(table, bs, begin - shift, end - shift, out);
   return Status::Ok();
 }
 
@@ -482,14 +488,19 @@ Status KvCacheManager::TakeStepInputs(RequestId id, StepInputs& out) {
   out.tables.resize(n);
   out.states.resize(n);
   out.slots.clear();
-  // Slots first: they are the only part that checks anything, so an error takes no delta.
+  // The open step's positions are reserved and kept in every decoder token group (Allocate
+  // made them so, and a step from `computed` on is clear of any eviction shift), so the slots
+  // need none of SlotMapping's checks.
   const int64_t len = r->step_end - r->step_begin;
   for (size_t g = 0; g < n; ++g) {
-    if (!manager_internal::IsDecoderTokens(m.config.groups[g])) continue;
+    const GroupConfig& gc = m.config.groups[g];
+    if (!manager_internal::IsDecoderTokens(gc)) continue;
     const size_t at = out.slots.size();
     out.slots.resize(at + static_cast<size_t>(len));
-    HKV_RETURN_IF_ERROR(m.MapSlots(*r, static_cast<int32_t>(g), r->step_begin, r->step_end,
-                                   std::span<int64_t>(out.slots).subspan(at)));
+    int64_t shift = 0;
+    const std::span<const int32_t> table = m.group(g).TableAndEvicted(r->slot, shift);
+    FillSlots(table, gc.block_tokens, r->step_begin - shift, r->step_end - shift,
+              std::span<int64_t>(out.slots).subspan(at));
   }
   for (size_t g = 0; g < n; ++g) {
     out.tables[g] = {};
