@@ -157,13 +157,21 @@ Status KvCacheManager::Impl::Allocate(Request& r, int64_t num_new, const PrefixH
     OpenStep(r, s);
     return Status::Ok();
   }
-  const int64_t window_branch = r.started ? r.window_branch : WindowBranchOf(r, hit.tokens);
+  // Where a first step's request keeps its window blocks (WindowBranchOf) reads which
+  // full-attention blocks are cached. With fixed pools nothing is evicted before the apply, so it
+  // is asked only once the step fits: a waiting request refused step after step skips it. With
+  // two-level memory the fit may hand a slab with cached blocks to another class, so it is asked
+  // first, as the cache stood.
+  const bool branch_first = !r.started && core.arena.num_slabs() > 0;
+  int64_t window_branch =
+      r.started || !branch_first ? r.window_branch : WindowBranchOf(r, hit.tokens);
   HKV_RETURN_IF_ERROR(PlanAllocation(r, s));
   const Status fits = FitWithGiveBacks(r, s);
   if (!fits.ok()) {
     ++core.stats.allocations_failed;
     return fits;
   }
+  if (!r.started && !branch_first) window_branch = WindowBranchOf(r, hit.tokens);
   // Apply. Hit blocks are acquired before any fresh allocation so that eviction cannot take
   // them; copy sources and stale snapshots are released last for the same reason.
   if (!r.started) ApplyFirstStep(r, s);
