@@ -346,22 +346,18 @@ BENCHMARK(BM_RequestCycle)
     ->ArgNames({"pool", "shared"})
     ->ArgsProduct({{1 << 10, 10 << 10, 100 << 10}, {0, 1024, 2048}});
 
-// Lookup alone: it never mutates, so it repeats on one added request with no reset. The whole
-// 2048-token prompt is cached; the hit is 2032 tokens (127 blocks).
-void BM_Lookup(benchmark::State& state) {
-  Result<KvCacheManager> made = WarmManager(static_cast<int32_t>(state.range(0)));
-  if (!Check(state, made.status())) return;
-  KvCacheManager& m = *made;
-  const std::vector<int32_t> prompt = BasePrompt(kPromptTokens);
+// Lookup alone: it never mutates, so it repeats on one added request with no reset.
+void TimeLookup(benchmark::State& state, KvCacheManager& m, RequestId id,
+                std::span<const int32_t> prompt) {
   RequestSpec spec;
-  spec.id = 1;
+  spec.id = id;
   spec.prompt = prompt;
   if (!Check(state, m.AddRequest(spec))) return;
-  if (!Check(state, m.Lookup(1).status())) return;  // scratch buffers grow on first use
+  if (!Check(state, m.Lookup(id).status())) return;  // scratch buffers grow on first use
   int64_t hit_tokens = 0;
   const int64_t allocations = Allocations();
   for (auto _ : state) {
-    const Result<PrefixHit> hit = m.Lookup(1);
+    const Result<PrefixHit> hit = m.Lookup(id);
     if (!Check(state, hit.status())) break;
     hit_tokens += hit->tokens;
   }
@@ -369,6 +365,13 @@ void BM_Lookup(benchmark::State& state) {
   state.counters["hit_tokens"] =
       benchmark::Counter(static_cast<double>(hit_tokens), benchmark::Counter::kAvgIterations);
   state.SetItemsProcessed(state.iterations());
+}
+
+// The whole 2048-token prompt is cached; the hit is 2032 tokens (127 blocks).
+void BM_Lookup(benchmark::State& state) {
+  Result<KvCacheManager> made = WarmManager(static_cast<int32_t>(state.range(0)));
+  if (!Check(state, made.status())) return;
+  TimeLookup(state, *made, 1, BasePrompt(kPromptTokens));
 }
 BENCHMARK(BM_Lookup)->ArgName("pool")->Arg(1 << 10)->Arg(10 << 10)->Arg(100 << 10);
 
@@ -387,21 +390,8 @@ void BM_LookupNextTurn(benchmark::State& state) {
   std::vector<int32_t> prompt = BasePrompt(kTurn + kNew);
   if (!Check(state, Prefill(m, 1, std::span<const int32_t>(prompt).first(kTurn), false))) return;
   Stamp(prompt, kTurn, 7);
-  RequestSpec spec;
-  spec.id = 2;
-  spec.prompt = prompt;
-  if (!Check(state, m.AddRequest(spec))) return;
-  if (!Check(state, m.Lookup(2).status())) return;  // scratch buffers grow on first use
-  int64_t hit_tokens = 0;
-  for (auto _ : state) {
-    const Result<PrefixHit> hit = m.Lookup(2);
-    if (!Check(state, hit.status())) break;
-    hit_tokens += hit->tokens;
-  }
-  state.counters["hit_tokens"] =
-      benchmark::Counter(static_cast<double>(hit_tokens), benchmark::Counter::kAvgIterations);
   state.SetLabel(kModels[static_cast<size_t>(model)].name);
-  state.SetItemsProcessed(state.iterations());
+  TimeLookup(state, m, 2, prompt);
 }
 BENCHMARK(BM_LookupNextTurn)->ArgName("model")->DenseRange(0, 2);
 

@@ -162,16 +162,16 @@ Status KvCacheManager::Impl::Allocate(Request& r, int64_t num_new, const PrefixH
   // is asked only once the step fits: a waiting request refused step after step skips it. With
   // two-level memory the fit may hand a slab with cached blocks to another class, so it is asked
   // first, as the cache stood.
-  const bool branch_first = !r.started && core.arena.num_slabs() > 0;
-  int64_t window_branch =
-      r.started || !branch_first ? r.window_branch : WindowBranchOf(r, hit.tokens);
+  const bool branch_before_fit = !r.started && core.arena.num_slabs() > 0;
+  const bool branch_after_fit = !r.started && !branch_before_fit;
+  int64_t window_branch = branch_before_fit ? WindowBranchOf(r, hit.tokens) : r.window_branch;
   HKV_RETURN_IF_ERROR(PlanAllocation(r, s));
   const Status fits = FitWithGiveBacks(r, s);
   if (!fits.ok()) {
     ++core.stats.allocations_failed;
     return fits;
   }
-  if (!r.started && !branch_first) window_branch = WindowBranchOf(r, hit.tokens);
+  if (branch_after_fit) window_branch = WindowBranchOf(r, hit.tokens);
   // Apply. Hit blocks are acquired before any fresh allocation so that eviction cannot take
   // them; copy sources and stale snapshots are released last for the same reason.
   if (!r.started) ApplyFirstStep(r, s);

@@ -151,7 +151,8 @@ class GroupManager {
   virtual void Truncate(Request& r, int64_t x, int64_t new_known) = 0;
   virtual void Fork(const Request& parent, int32_t child_slot) = 0;
   // Coherent eviction: appends (end position, block) for every block the request holds (and
-  // every released block still cached that rejoins the order) and forgets them.
+  // every released block still cached that rejoins the order), in rising positions, and forgets
+  // them.
   virtual void CollectForRelease(Request& r, std::vector<std::pair<int64_t, int32_t>>& out);
   virtual void Free(Request& r) = 0;
   // FinishLoad(id, false): releases what the request's first Allocate took.

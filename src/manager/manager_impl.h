@@ -127,9 +127,8 @@ struct KvCacheManager::Impl {
   std::vector<manager_internal::GivenBack> given_back;        // FitWithGiveBacks' releases
   std::vector<std::pair<size_t, int64_t>> given_back_branch;  // slot, window_branch it had
   std::vector<std::pair<int64_t, int32_t>> release_order;     // (block end position, block)
-  std::vector<std::pair<int64_t, int32_t>> release_merged;    // scratch of the merge below
-  std::vector<size_t> release_runs;            // where each group's part of release_order ends
-  CompactionPlan compaction;                   // Compact: the arena's plan, reused
+  std::vector<std::pair<int64_t, int32_t>> release_merged;    // scratch of its merge
+  CompactionPlan compaction;                                  // Compact: the arena's plan, reused
   std::vector<std::vector<int32_t>> moved_to;  // Compact: per pool, page -> new page (0: none)
 };
 
