@@ -121,7 +121,11 @@ void KvCacheManager::Impl::ApplyStep(Request& r, const StepPlan& s) {
 
 Status KvCacheManager::Impl::Allocate(Request& r, int64_t num_new, const PrefixHit& hit,
                                       int64_t lookahead) {
-  HKV_RETURN_IF_ERROR(CheckAllocate(r, num_new, hit, lookahead));
+  // The common call - a running request's next step, well formed - is told apart with a few
+  // comparisons; CheckAllocate's messages are built only when one of them fails.
+  const bool well_formed = r.loads.empty() && !r.step_open && num_new >= 1 && lookahead >= 0 &&
+                           (!r.started || (hit.tokens == 0 && !hit.encoder && hit.loads == 0));
+  if (!well_formed) HKV_RETURN_IF_ERROR(CheckAllocate(r, num_new, hit, lookahead));
   if (!r.started) HKV_RETURN_IF_ERROR(CheckHit(r, hit, config, core.align, has_encoder));
   const int64_t begin = r.started ? r.computed : hit.tokens;
   // Compared by subtraction: begin + num_new + lookahead may not even be representable.

@@ -190,7 +190,7 @@ void CacheCore::PublishBlock(int32_t pool, int32_t block, const PrefixKey& key, 
   const bool state = config.groups[static_cast<size_t>(key.group)].is_state();
   const int64_t before = state ? position - align : position;
   PublishOrigin from{r.id, position, std::nullopt, r.adapter};
-  if (before > 0 && before / hash_tokens <= static_cast<int64_t>(r.hashes.size())) {
+  if (before > 0 && before < (static_cast<int64_t>(r.hashes.size()) + 1) * hash_tokens) {
     from.parent = HashAt(r, before);
   }
   Must(bp.Publish(block, key, from));

@@ -8,6 +8,7 @@
 // Scratch buffers live here too, so steady state allocates nothing whichever group runs.
 #pragma once
 
+#include <bit>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -32,6 +33,26 @@ constexpr int64_t kFindAhead = 8;
 inline int64_t CeilDiv(int64_t a, int64_t b) {
   return (a + b - 1) / b;
 }
+
+// Block index and offset of a position (>= 0) for one block size. Block sizes are nearly always
+// powers of two, and the per-step paths (a decode token's free-step check, its slot) then shift
+// and mask instead of dividing: a 64-bit division costs tens of cycles, the rest of such a step
+// a few hundred.
+class BlockMath {
+ public:
+  explicit BlockMath(int64_t block_tokens)
+      : bs_(block_tokens),
+        shift_(std::has_single_bit(static_cast<uint64_t>(block_tokens))
+                   ? std::countr_zero(static_cast<uint64_t>(block_tokens))
+                   : -1) {}
+  int64_t tokens() const { return bs_; }
+  int64_t Block(int64_t p) const { return shift_ >= 0 ? p >> shift_ : p / bs_; }
+  int64_t Offset(int64_t p) const { return shift_ >= 0 ? p & (bs_ - 1) : p % bs_; }
+
+ private:
+  int64_t bs_;
+  int shift_;
+};
 
 struct CacheCore {
   explicit CacheCore(const ManagerConfig& c);

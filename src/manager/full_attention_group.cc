@@ -10,7 +10,7 @@ namespace hkv::manager_internal {
 
 NeededBlocks FullAttentionGroup::Needed(int64_t x) const {
   NeededBlocks n;
-  if (x > 0) n.hi = CeilDiv(x, block_tokens());
+  if (x > 0) n.hi = math_.Block(x + math_.tokens() - 1);
   return n;
 }
 

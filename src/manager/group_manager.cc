@@ -66,6 +66,11 @@ bool GroupManager::TakeDelta(int32_t, TableDelta&) {
 StateStep GroupManager::StepState(int32_t) const {
   return {};
 }
+void GroupManager::TakeInputs(const Request& r, size_t g, StepInputs& out, size_t&) {
+  out.tables[g] = {};
+  TakeDelta(r.slot, out.tables[g]);
+  out.states[g] = StepState(r.slot);
+}
 
 Status GroupManager::Fail(const Request& r, const std::string& what) const {
   return Status::FailedPrecondition(fmt::format("invariant: request {}: {}", r.id, what));

@@ -187,6 +187,11 @@ class GroupManager {
   // The table entries changed since the last call (false: the group keeps no table).
   virtual bool TakeDelta(int32_t slot, TableDelta& out);
   virtual StateStep StepState(int32_t slot) const;
+  // TakeStepInputs' share of group `g` for a request with an open step: out.tables[g] (the
+  // delta, taken), out.states[g], and - for a group following decoder positions - the step's
+  // slots written from out.slots[at] on (`at` advanced past them; out.slots is sized already).
+  // One call per group and step: the default composes the views above.
+  virtual void TakeInputs(const Request& r, size_t g, StepInputs& out, size_t& at);
 
  protected:
   BlockPool& block_pool() { return core_.pools[static_cast<size_t>(pool())]; }

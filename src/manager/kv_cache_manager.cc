@@ -11,6 +11,7 @@
 #include <hkv/manager/kv_cache_manager.h>
 
 #include "manager_impl.h"
+#include "token_group.h"
 
 namespace hkv {
 
@@ -26,6 +27,7 @@ KvCacheManager::Impl::Impl(const ManagerConfig& c) : core(c), config(core.config
     has_encoder = has_encoder || gc.is_encoder();
     has_state_groups = has_state_groups || gc.is_state();
     has_token_groups = has_token_groups || IsDecoderTokens(gc);
+    if (IsDecoderTokens(gc)) ++slot_groups;
     has_window_groups = has_window_groups || ReleasesTokens(gc);
     groups.push_back(manager_internal::MakeGroupManager(core, static_cast<int32_t>(g)));
     if (groups.back()->KeepsPreviousStep()) previous_step_keepers.push_back(groups.back().get());
@@ -69,16 +71,6 @@ KvCacheManager::~KvCacheManager() = default;
 
 // ---- lookups by id -------------------------------------------------------------------------
 
-Request* KvCacheManager::Impl::Find(RequestId id) {
-  const int32_t slot = index.Find(id);
-  return slot < 0 ? nullptr : &requests[static_cast<size_t>(slot)];
-}
-
-const Request* KvCacheManager::Impl::Find(RequestId id) const {
-  const int32_t slot = index.Find(id);
-  return slot < 0 ? nullptr : &requests[static_cast<size_t>(slot)];
-}
-
 Status KvCacheManager::Impl::Unknown(const char* call, RequestId id) const {
   return Status::NotFound(fmt::format("{}: unknown request {}", call, id));
 }
@@ -113,11 +105,17 @@ Status KvCacheManager::AddRequest(const RequestSpec& spec) {
         fmt::format("add request {}: prompt of {} tokens exceeds max_model_len {}", spec.id,
                     prompt_len, m.config.max_model_len));
   }
-  for (size_t i = 0; i < spec.prompt.size(); ++i) {
-    if (spec.prompt[i] < 0) {
-      return Status::InvalidArgument(fmt::format(
-          "add request {}: token id {} at position {} is negative", spec.id, spec.prompt[i], i));
-    }
+  // A branch-free pass the compiler vectorizes (prompts run to thousands of tokens); the
+  // offending position is searched for only when there is one.
+  int32_t lowest = 0;
+  for (const int32_t t : spec.prompt)
+    lowest = std::min(lowest, t);
+  if (lowest < 0) {
+    const auto at = static_cast<size_t>(
+        std::find_if(spec.prompt.begin(), spec.prompt.end(), [](int32_t t) { return t < 0; }) -
+        spec.prompt.begin());
+    return Status::InvalidArgument(fmt::format(
+        "add request {}: token id {} at position {} is negative", spec.id, spec.prompt[at], at));
   }
   for (size_t i = 0; i < spec.items.size(); ++i) {
     const PromptItem& it = spec.items[i];
@@ -227,7 +225,7 @@ Status KvCacheManager::Allocate(RequestId id, int64_t num_new_tokens, const Pref
   Request* r = impl_->Find(id);
   if (r == nullptr) return impl_->Unknown("allocate", id);
   const Status s = impl_->Allocate(*r, num_new_tokens, hit, lookahead);
-  impl_->core.SettleDrops();
+  if (impl_->core.cover) impl_->core.SettleDrops();
   return s;
 }
 
@@ -254,7 +252,9 @@ Status KvCacheManager::AppendTokens(RequestId id, std::span<const int32_t> token
     }
   }
   r->tokens.insert(r->tokens.end(), tokens.begin(), tokens.end());
-  m.core.ExtendHashes(*r);
+  // A decode token completes a hash block once in hash_tokens appends.
+  if (r->known() >= static_cast<int64_t>(r->hashes.size() + 1) * m.core.hash_tokens)
+    m.core.ExtendHashes(*r);
   return Status::Ok();
 }
 
@@ -353,31 +353,7 @@ Result<StepInfo> KvCacheManager::Step(RequestId id) const {
   return impl_->StepOf(*r);
 }
 
-StepInfo KvCacheManager::Impl::StepOf(const Request& r) const {
-  StepInfo s;
-  s.begin = r.step_begin;
-  s.end = r.step_end;
-  s.reserved_end = r.reserved;
-  s.run_encoder = has_encoder && !r.encoder_ready;
-  s.copies = r.copies;
-  s.loads = r.loads;
-  return s;
-}
-
 namespace {
-
-// The slots of table positions [begin, end), every block of which the table holds. One block at
-// a time: slots within a block are consecutive.
-void FillSlots(std::span<const int32_t> table, int64_t bs, int64_t begin, int64_t end,
-               std::span<int64_t> out) {
-  size_t at = 0;
-  for (int64_t p = begin; p < end;) {
-    const int64_t block_end = std::min(end, (p / bs + 1) * bs);
-    int64_t slot = int64_t{table[static_cast<size_t>(p / bs)]} * bs + p % bs;
-    for (; p < block_end; ++p)
-      out[at++] = slot++;
-  }
-}
 
 Status CheckGroup(const ManagerConfig& c, const char* call, int32_t group) {
   if (group < 0 || static_cast<size_t>(group) >= c.groups.size()) {
@@ -450,7 +426,8 @@ Status KvCacheManager::Impl::MapSlots(const Request& req, int32_t group, int64_t
         fmt::format("slot mapping: an output of {} slots for the {} positions [{}, {})", out.size(),
                     end - begin, begin, end));
   }
-  FillSlots(table, bs, begin - shift, end - shift, out);
+  manager_internal::FillSlots(table, manager_internal::BlockMath(bs), begin - shift, end - shift,
+                              out);
   return Status::Ok();
 }
 
@@ -487,26 +464,10 @@ Status KvCacheManager::TakeStepInputs(RequestId id, StepInputs& out) {
   const size_t n = m.groups.size();
   out.tables.resize(n);
   out.states.resize(n);
-  out.slots.clear();
-  // The open step's positions are reserved and kept in every decoder token group (Allocate
-  // made them so, and a step from `computed` on is clear of any eviction shift), so the slots
-  // need none of SlotMapping's checks.
-  const int64_t len = r->step_end - r->step_begin;
-  for (size_t g = 0; g < n; ++g) {
-    const GroupConfig& gc = m.config.groups[g];
-    if (!manager_internal::IsDecoderTokens(gc)) continue;
-    const size_t at = out.slots.size();
-    out.slots.resize(at + static_cast<size_t>(len));
-    int64_t shift = 0;
-    const std::span<const int32_t> table = m.group(g).TableAndEvicted(r->slot, shift);
-    FillSlots(table, gc.block_tokens, r->step_begin - shift, r->step_end - shift,
-              std::span<int64_t>(out.slots).subspan(at));
-  }
-  for (size_t g = 0; g < n; ++g) {
-    out.tables[g] = {};
-    m.group(g).TakeDelta(r->slot, out.tables[g]);
-    out.states[g] = m.group(g).StepState(r->slot);
-  }
+  out.slots.resize(static_cast<size_t>(r->step_end - r->step_begin) * m.slot_groups);
+  size_t at = 0;
+  for (size_t g = 0; g < n; ++g)
+    m.groups[g]->TakeInputs(*r, g, out, at);
   return Status::Ok();
 }
 

@@ -33,8 +33,14 @@ struct KvCacheManager::Impl {
   explicit Impl(const ManagerConfig& c);
 
   // Lookups by id; null when unknown.
-  Request* Find(RequestId id);
-  const Request* Find(RequestId id) const;
+  Request* Find(RequestId id) {
+    const int32_t slot = index.Find(id);
+    return slot < 0 ? nullptr : &requests[static_cast<size_t>(slot)];
+  }
+  const Request* Find(RequestId id) const {
+    const int32_t slot = index.Find(id);
+    return slot < 0 ? nullptr : &requests[static_cast<size_t>(slot)];
+  }
   Status Unknown(const char* call, RequestId id) const;
   // Whether `slot` holds a live request (recycled slots keep their last id).
   bool Live(size_t slot) const {
@@ -92,7 +98,17 @@ struct KvCacheManager::Impl {
   Result<CompactionResult> Compact(std::span<const int64_t> max_slabs_per_class);
   void ReleaseTokenBlocksCoherently(Request& r);
   Status CheckInvariants() const;
-  StepInfo StepOf(const Request& r) const;  // Step's answer for a request with an open step
+  // Step's answer for a request with an open step.
+  StepInfo StepOf(const Request& r) const {
+    StepInfo s;
+    s.begin = r.step_begin;
+    s.end = r.step_end;
+    s.reserved_end = r.reserved;
+    s.run_encoder = has_encoder && !r.encoder_ready;
+    s.copies = r.copies;
+    s.loads = r.loads;
+    return s;
+  }
   // SlotMapping's work for a request already found (validation included).
   Status MapSlots(const Request& r, int32_t group, int64_t begin, int64_t end,
                   std::span<int64_t> out) const;
@@ -104,6 +120,7 @@ struct KvCacheManager::Impl {
   bool has_state_groups = false;
   bool has_token_groups = false;   // groups following decoder positions
   bool has_window_groups = false;  // window or chunk groups
+  size_t slot_groups = 0;          // groups following decoder positions: their slots are mapped
   std::vector<std::unique_ptr<manager_internal::GroupManager>> groups;
   // Lookup visits token groups before state groups: attention bounds the hit cheaply, and the
   // state group's downward probe then starts from there instead of from the prompt's end.

@@ -31,16 +31,17 @@ int32_t TokenGroup::CountLoads(const Request& r, int64_t tokens) const {
 bool TokenGroup::StepIsFree(const Request& r, const StepPlan& s) const {
   if (!s.started) return false;
   const TokenSlot& ts = slot_at(r.slot);
-  const int64_t bs = block_tokens();
-  if (CeilDiv(s.reserve - ts.evicted, bs) > static_cast<int64_t>(ts.table.size())) return false;
+  // The table covers [0, reserve): ceil((reserve - evicted) / bs) <= size, without dividing.
+  if (s.reserve - ts.evicted > static_cast<int64_t>(ts.table.size()) * math_.tokens()) {
+    return false;
+  }
   return !CopyDue(ts, s.begin);
 }
 
 bool TokenGroup::CopyDue(const TokenSlot& ts, int64_t begin) const {
-  const int64_t bs = block_tokens();
-  if ((begin - ts.evicted) % bs == 0) return false;
+  if (math_.Offset(begin - ts.evicted) == 0) return false;
   const BlockPool& bp = block_pool();
-  const int32_t b = ts.table[static_cast<size_t>((begin - ts.evicted) / bs)];
+  const int32_t b = ts.table[static_cast<size_t>(math_.Block(begin - ts.evicted))];
   return bp.ref_count(b) > 1 || bp.has_identity(b);
 }
 
@@ -121,8 +122,10 @@ void TokenGroup::ApplyStep(Request& r, const StepPlan& s) {
 void TokenGroup::Commit(Request& r, int64_t, int64_t publish_limit) {
   TokenSlot& ts = slot_at(r.slot);
   const int64_t bs = block_tokens();
-  // A group that evicted tokens indexes slots, which no digest names.
-  const int64_t full = ts.evicted > 0 ? 0 : publish_limit / bs;
+  // A group that evicted tokens indexes slots, which no digest names. Most commits (a decode
+  // token inside a block) fill no block: they leave before the division.
+  if (ts.evicted > 0 || publish_limit < (int64_t{ts.num_published} + 1) * bs) return;
+  const int64_t full = publish_limit / bs;
   for (int64_t j = ts.num_published; j < full; ++j) {
     const int32_t b = ts.table[static_cast<size_t>(j)];
     if (b != BlockPool::kNullBlock) core_.PublishBlock(pool(), b, Key(r, j), r, j * bs);
@@ -219,6 +222,22 @@ bool TokenGroup::TakeDelta(int32_t slot, TableDelta& out) {
   out.blocks = std::span<const int32_t>(ts.table).subspan(static_cast<size_t>(out.from));
   ts.dirty_from = size;
   return true;
+}
+
+void TokenGroup::TakeInputs(const Request& r, size_t g, StepInputs& out, size_t& at) {
+  TokenSlot& ts = slot_at(r.slot);
+  // The open step's positions are reserved and kept (Allocate made them so, and a step from
+  // `computed` on is clear of any eviction shift), so they need none of SlotMapping's checks.
+  const auto len = static_cast<size_t>(r.step_end - r.step_begin);
+  FillSlots(ts.table, math_, r.step_begin - ts.evicted, r.step_end - ts.evicted,
+            std::span<int64_t>(out.slots).subspan(at, len));
+  at += len;
+  TableDelta& d = out.tables[g];
+  d.size = static_cast<int32_t>(ts.table.size());
+  d.from = std::min(ts.dirty_from, d.size);
+  d.blocks = std::span<const int32_t>(ts.table).subspan(static_cast<size_t>(d.from));
+  ts.dirty_from = d.size;
+  out.states[g] = {};
 }
 
 Status TokenGroup::CheckRequest(const Request& r, std::vector<int32_t>& refs) const {

@@ -42,7 +42,8 @@ class TokenGroup : public GroupManager {
   // Every full block before `cap` the pools do not cache (both kinds scan those).
   void ExternalCandidates(const Request& r, int64_t cap,
                           std::vector<PrefixKey>& out) const override;
-  using GroupManager::GroupManager;
+  TokenGroup(CacheCore& core, int32_t group)
+      : GroupManager(core, group), math_(config().block_tokens) {}
 
   // The blocks that hold what continuing at position x needs.
   virtual NeededBlocks Needed(int64_t x) const = 0;
@@ -72,6 +73,7 @@ class TokenGroup : public GroupManager {
     return ts.table;
   }
   bool TakeDelta(int32_t slot, TableDelta& out) override;
+  void TakeInputs(const Request& r, size_t g, StepInputs& out, size_t& at) override;
 
  protected:
   int64_t block_tokens() const { return config().block_tokens; }
@@ -87,7 +89,23 @@ class TokenGroup : public GroupManager {
   bool CopyDue(const TokenSlot& ts, int64_t begin) const;
 
   std::vector<TokenSlot> slots_;
+  BlockMath math_;  // block_tokens(), for the per-step paths
 };
+
+// The slots of table positions [begin, end), every block of which the table holds. One block at
+// a time: slots within a block are consecutive.
+inline void FillSlots(std::span<const int32_t> table, const BlockMath& bm, int64_t begin,
+                      int64_t end, std::span<int64_t> out) {
+  const int64_t bs = bm.tokens();
+  size_t at = 0;
+  for (int64_t p = begin; p < end;) {
+    const int64_t block = bm.Block(p);
+    const int64_t block_end = std::min(end, (block + 1) * bs);
+    int64_t slot = int64_t{table[static_cast<size_t>(block)]} * bs + bm.Offset(p);
+    for (; p < block_end; ++p)
+      out[at++] = slot++;
+  }
+}
 
 // Largest x' <= x, a multiple of `unit`, whose needed blocks all satisfy `available`. A miss at
 // block j rules out every x' whose needed range contains j, so the search jumps below it; blocks

@@ -11,13 +11,14 @@ NeededBlocks WindowGroup::Needed(int64_t x) const {
   const TokenRule& rule = config().rule;
   NeededBlocks n;
   if (x <= 0) return n;
-  const int64_t bs = block_tokens();
-  n.hi = CeilDiv(x, bs);
+  // Asked at every Commit: block arithmetic without division where the block size allows.
+  const int64_t bs = math_.tokens();
+  n.hi = math_.Block(x + bs - 1);
   if (rule.kind == TokenRuleKind::kChunk) {
-    n.lo = x / rule.span * rule.span / bs;
+    n.lo = math_.Block(x / rule.span * rule.span);
   } else {
-    n.lo = std::max<int64_t>(0, x - rule.span + 1) / bs;
-    n.sinks = std::min(CeilDiv(std::min<int64_t>(rule.sinks, x), bs), n.lo);
+    n.lo = math_.Block(std::max<int64_t>(0, x - rule.span + 1));
+    n.sinks = std::min(math_.Block(std::min<int64_t>(rule.sinks, x) + bs - 1), n.lo);
   }
   return n;
 }
@@ -59,10 +60,15 @@ void WindowGroup::Commit(Request& r, int64_t c, int64_t publish_limit) {
   // Release follows what the request computed, not what it may publish: after an eviction
   // publishing stops, but the window keeps moving.
   const NeededBlocks nb = Needed(std::min(c, r.known()));
+  const int64_t first = std::max<int64_t>(ts.release_from, nb.sinks);
+  if (first >= nb.lo) {  // most commits: no block left the window
+    ts.release_from = std::max<int32_t>(ts.release_from, static_cast<int32_t>(nb.lo));
+    return;
+  }
   const NeededBlocks branch = Needed(r.window_branch);
   std::vector<int32_t>& to_release = core_.to_release;
   to_release.clear();
-  for (int64_t j = std::max<int64_t>(ts.release_from, nb.sinks); j < nb.lo; ++j) {
+  for (int64_t j = first; j < nb.lo; ++j) {
     int32_t& b = ts.table[static_cast<size_t>(j)];
     if (b == BlockPool::kNullBlock || (j >= branch.lo && j < branch.hi)) continue;
     to_release.push_back(b);

@@ -153,13 +153,10 @@ void BlockPool::SegmentCached(int32_t b, int delta) {
   if (seg_cached_[i] == 0 && seg_list_[i] == kEmptyCached) MoveSegment(seg, kEmptyUncached);
 }
 
-Status BlockPool::CheckBlockId(int32_t block, const char* call) const {
-  if (block <= kNullBlock || block >= num_blocks()) {
-    return Status::InvalidArgument(
-        fmt::format("{}: block {} is {}: expected 1 to {}", call, block,
-                    block == kNullBlock ? "the null block" : "out of range", num_blocks() - 1));
-  }
-  return Status::Ok();
+Status BlockPool::BadBlock(int32_t block, const char* call) const {
+  return Status::InvalidArgument(
+      fmt::format("{}: block {} is {}: expected 1 to {}", call, block,
+                  block == kNullBlock ? "the null block" : "out of range", num_blocks() - 1));
 }
 
 void BlockPool::Unlink(int32_t b) {
@@ -263,7 +260,7 @@ Status BlockPool::set_eviction_rank(const EvictionRank* rank) {
 }
 
 Status BlockPool::Rerank(int32_t block) {
-  HKV_RETURN_IF_ERROR(CheckBlockId(block, "rerank"));
+  if (!ValidBlock(block)) return BadBlock(block, "rerank");
   if (rank_ == nullptr) return Status::FailedPrecondition("rerank: the pool has no eviction rank");
   const size_t i = static_cast<size_t>(block);
   if (!on_list_[i] || tick_[i] == 0 || !has_key_[i]) return Status::Ok();
@@ -340,7 +337,7 @@ int32_t BlockPool::NextPacked() {
 }
 
 Status BlockPool::Acquire(int32_t block) {
-  HKV_RETURN_IF_ERROR(CheckBlockId(block, "acquire"));
+  if (!ValidBlock(block)) return BadBlock(block, "acquire");
   const size_t i = static_cast<size_t>(block);
   if (ref_[i] == 0) {
     if (!has_key_[i]) {
@@ -354,7 +351,7 @@ Status BlockPool::Acquire(int32_t block) {
 }
 
 Status BlockPool::Reacquire(int32_t block) {
-  HKV_RETURN_IF_ERROR(CheckBlockId(block, "reacquire"));
+  if (!ValidBlock(block)) return BadBlock(block, "reacquire");
   const size_t i = static_cast<size_t>(block);
   if (ref_[i] == 0) {
     if (!on_list_[i]) {
@@ -368,7 +365,7 @@ Status BlockPool::Reacquire(int32_t block) {
 }
 
 Status BlockPool::Publish(int32_t block, const PrefixKey& key, const PublishOrigin& from) {
-  HKV_RETURN_IF_ERROR(CheckBlockId(block, "publish"));
+  if (!ValidBlock(block)) return BadBlock(block, "publish");
   const size_t i = static_cast<size_t>(block);
   if (ref_[i] == 0) {
     return Status::FailedPrecondition(fmt::format(
@@ -398,7 +395,7 @@ int32_t BlockPool::StrandedBlocks() const {
 }
 
 Status BlockPool::Demote(int32_t block) {
-  HKV_RETURN_IF_ERROR(CheckBlockId(block, "demote"));
+  if (!ValidBlock(block)) return BadBlock(block, "demote");
   const size_t i = static_cast<size_t>(block);
   if (!on_list_[i]) {
     return Status::FailedPrecondition(
@@ -425,8 +422,10 @@ Status BlockPool::Free(std::span<const int32_t> blocks, Retention retention) {
   size_t counted = 0;
   for (; counted < blocks.size(); ++counted) {
     const int32_t b = blocks[counted];
-    bad = CheckBlockId(b, "free");
-    if (!bad.ok()) break;
+    if (!ValidBlock(b)) {
+      bad = BadBlock(b, "free");
+      break;
+    }
     const size_t i = static_cast<size_t>(b);
     if (++pending_[i] > ref_[i]) {
       bad = Status::FailedPrecondition(
@@ -459,8 +458,8 @@ Status BlockPool::Free(std::span<const int32_t> blocks, Retention retention) {
 }
 
 Status BlockPool::MoveHeld(int32_t src, int32_t dst) {
-  HKV_RETURN_IF_ERROR(CheckBlockId(src, "move held"));
-  HKV_RETURN_IF_ERROR(CheckBlockId(dst, "move held"));
+  if (!ValidBlock(src)) return BadBlock(src, "move held");
+  if (!ValidBlock(dst)) return BadBlock(dst, "move held");
   const size_t s = static_cast<size_t>(src), d = static_cast<size_t>(dst);
   if (src == dst) {
     return Status::InvalidArgument(

@@ -22,6 +22,24 @@ TEST(BlockHashTest, IsDeterministicAndChained) {
   EXPECT_NE(b, HashBlock(HashBlock(kRootHash, {{11, 22, 33, 45}}), kBlock));
 }
 
+// Digests name blocks in stored tiers and in events other processes keep, so they must not
+// change between versions: these values were computed before the common case got its own path
+// (parent and tokens only, up to 128 tokens), and the longer block takes the general one.
+TEST(BlockHashTest, DigestsAreStableAcrossVersions) {
+  std::vector<int32_t> t16, t128, t129;
+  for (int i = 0; i < 16; ++i)
+    t16.push_back(1000 + 7 * i);
+  for (int i = 0; i < 129; ++i)
+    (i < 128 ? t128 : t129).push_back(i * 31);
+  t129.insert(t129.begin(), t128.begin(), t128.end());
+  const BlockHash a = HashBlock(kRootHash, t16);
+  EXPECT_EQ(a, (BlockHash{0xbc39ce23aff9d5d2ull, 0x0c6e19c2985eca8eull}));
+  EXPECT_EQ(HashBlock(a, t16), (BlockHash{0x13d1a38538cd8ddeull, 0x9ce5228bc0436061ull}));
+  EXPECT_EQ(HashBlock(kRootHash, t128), (BlockHash{0x9d8fb1836f71a935ull, 0x3f51faa1e8e8a4adull}));
+  EXPECT_EQ(HashBlock(kRootHash, {}), (BlockHash{0x66d1aaa55e7b4028ull, 0x002947813d7d8e96ull}));
+  EXPECT_EQ(HashBlock(kRootHash, t129), (BlockHash{0xea02e5b8a7e62071ull, 0xb92f9ffc9a800290ull}));
+}
+
 TEST(BlockHashTest, TokenOrderAndCountMatter) {
   EXPECT_NE(HashBlock(kRootHash, kBlock), HashBlock(kRootHash, {{22, 11, 33, 44}}));
   EXPECT_NE(HashBlock(kRootHash, kBlock), HashBlock(kRootHash, {{11, 22, 33}}));
