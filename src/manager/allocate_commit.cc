@@ -86,12 +86,23 @@ Status KvCacheManager::Impl::PlanAllocation(const Request& r, const StepPlan& s)
   return Status::Ok();
 }
 
-Status KvCacheManager::Impl::FitAllocation(const Request& r, const StepPlan& s) {
-  const Status reserved = core.ReserveBlocks();
-  if (reserved.ok()) return reserved;
+Status KvCacheManager::Impl::Shortfall(const Request& r, const StepPlan& s) {
+  // Named after the first pool the plan's need exceeds, as TryReserveBlocks found it short.
+  std::string why = "no pool is short now";
+  if (core.arena.num_slabs() > 0) {
+    why = core.arena_shortage;
+  } else {
+    for (size_t p = 0; p < core.pools.size(); ++p) {
+      if (core.need[p] > core.pools[p].num_free()) {
+        why = fmt::format("pool {} needs {} free blocks, has {}", p, core.need[p],
+                          core.pools[p].num_free());
+        break;
+      }
+    }
+  }
   return Status::ResourceExhausted(
       fmt::format("allocate: request {}: positions [{}, {}) need {} block(s) per pool: {}", r.id,
-                  s.begin, s.end + s.lookahead, fmt::join(core.need, "/"), reserved.message()));
+                  s.begin, s.end + s.lookahead, fmt::join(core.need, "/"), why));
 }
 
 void KvCacheManager::Impl::ApplyFirstStep(Request& r, const StepPlan& s) {
@@ -197,25 +208,26 @@ void KvCacheManager::Impl::OpenStep(Request& r, const StepPlan& s) {
 }
 
 Status KvCacheManager::Impl::FitWithGiveBacks(Request& r, const StepPlan& s) {
-  Status fits = FitAllocation(r, s);
-  if (fits.ok()) return fits;
+  bool fits = core.TryReserveBlocks();
+  if (fits) return Status::Ok();
   // Windows kept at branch points and rolling recurrent states are cache, not need: short of
   // blocks, they are given back before anything is refused, and taken back when even that is not
   // enough. Giving back evicts nothing, so the hit still stands on every later plan.
   given_back.clear();
   given_back_branch.clear();
-  for (size_t from = 0; !fits.ok() && GiveBackBranchWindows(from);) {
+  for (size_t from = 0; !fits && GiveBackBranchWindows(from);) {
     Must(PlanAllocation(r, s));
-    fits = FitAllocation(r, s);
+    fits = core.TryReserveBlocks();
   }
   const size_t windows = given_back.size();
-  for (size_t from = 0; !fits.ok() && has_state_groups && GiveBackRollingStates(r, from);) {
+  for (size_t from = 0; !fits && has_state_groups && GiveBackRollingStates(r, from);) {
     Must(PlanAllocation(r, s));
-    fits = FitAllocation(r, s);
+    fits = core.TryReserveBlocks();
   }
-  if (!fits.ok()) {
+  if (!fits) {
+    // The need of the last plan, against what the pools hold with every give-back taken back.
     UndoGiveBack();
-    return fits;
+    return Shortfall(r, s);
   }
   for (size_t i = 0; i < given_back.size(); ++i) {
     const manager_internal::GivenBack& g = given_back[i];
@@ -225,7 +237,7 @@ Status KvCacheManager::Impl::FitWithGiveBacks(Request& r, const StepPlan& s) {
   }
   core.stats.branch_blocks_given_back += static_cast<int64_t>(windows);
   core.stats.rolling_states_given_back += static_cast<int64_t>(given_back.size() - windows);
-  return fits;
+  return Status::Ok();
 }
 
 bool KvCacheManager::Impl::GiveBackRollingStates(Request& r, size_t& from_slot) {

@@ -17,7 +17,7 @@ void Must(const Status& s) {
 }
 
 CacheCore::CacheCore(const ManagerConfig& c)
-    : config(c), hash_tokens(c.hash_tokens()), align(c.align_tokens()) {
+    : config(c), hash_tokens(c.hash_tokens()), hash_math(hash_tokens), align(c.align_tokens()) {
   need.resize(config.pool_blocks.size());
 }
 
@@ -293,6 +293,18 @@ Status CacheCore::ReserveBlocks() {
     }
   }
   return Status::Ok();
+}
+
+bool CacheCore::TryReserveBlocks() {
+  if (arena.num_slabs() > 0) {
+    Status reserved = ReserveBlocks();
+    if (!reserved.ok()) arena_shortage = reserved.message();
+    return reserved.ok();
+  }
+  for (size_t p = 0; p < pools.size(); ++p) {
+    if (need[p] > pools[p].num_free()) return false;
+  }
+  return true;
 }
 
 std::span<const int32_t> CacheCore::AllocateReserved(int32_t pool, int64_t n) {

@@ -11,6 +11,7 @@
 #include <bit>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include <hkv/manager/kv_cache_manager.h>
@@ -60,7 +61,7 @@ struct CacheCore {
   // ---- identities: a block of a token group is named by the digest of the tokens up to its
   // end, a state by the digest up to its position; keys are namespaced by group.
   const BlockHash& HashAt(const Request& r, int64_t position) const {
-    return r.hashes[static_cast<size_t>(position / hash_tokens - 1)];
+    return r.hashes[static_cast<size_t>(hash_math.Block(position) - 1)];
   }
   PrefixKey TokenKey(const Request& r, int32_t group, int64_t block) const {
     const int64_t bs = config.groups[static_cast<size_t>(group)].block_tokens;
@@ -110,6 +111,10 @@ struct CacheCore {
   // memory, moves slabs so that it can (nothing moves when it cannot). kResourceExhausted
   // naming the short pool otherwise.
   Status ReserveBlocks();
+  // The same, answering only whether it succeeded: a waiting request may be refused every step,
+  // and the reason is worth formatting once per refused call, not once per try within it.
+  bool TryReserveBlocks();
+  std::string arena_shortage;  // two-level memory: why the last TryReserveBlocks failed
   // `n` fresh blocks of `pool` into `fresh` (cleared first); the caller has reserved them.
   std::span<const int32_t> AllocateReserved(int32_t pool, int64_t n);
 
@@ -126,6 +131,7 @@ struct CacheCore {
 
   ManagerConfig config;
   int32_t hash_tokens = 1;
+  BlockMath hash_math{1};  // hash_tokens: every key a probe or a publish names is found by it
   int32_t align = 1;
   std::vector<BlockPool> pools;
   SlabArena arena;  // two-level memory (config.arena); unused otherwise

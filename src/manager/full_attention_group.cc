@@ -20,9 +20,17 @@ int64_t FullAttentionGroup::LookupBound(const Request& r, int64_t x, int64_t cap
   if (cached_prefix_ < 0) {
     const BlockPool& bp = block_pool();
     const int64_t limit = cap / bs;
+    TokenSlot& ts = slot_at(r.slot);
+    ts.found.clear();
+    ts.found_epoch = bp.identity_epoch();
     cached_prefix_ = 0;
-    while (cached_prefix_ < limit && core_.Available(bp, Key(r, cached_prefix_)))
+    while (cached_prefix_ < limit) {
+      const PrefixKey key = Key(r, cached_prefix_);
+      const int32_t b = bp.Find(key);
+      if (b < 0 && (core_.external == nullptr || !core_.ExternalHas(key))) break;
+      ts.found.push_back(b);
       ++cached_prefix_;
+    }
   }
   return std::min(x, cached_prefix_ * bs / core_.align * core_.align);
 }
@@ -32,12 +40,14 @@ bool FullAttentionGroup::BranchReach(const Request& r, int64_t cap, int64_t hit,
   const BlockPool& bp = block_pool();
   const int64_t bs = block_tokens();
   const int64_t limit = cap / bs;
+  const TokenSlot& ts = slot_at(r.slot);
   int64_t m = 0;
-  while (m < limit && bp.Find(Key(r, m)) >= 0)
+  while (m < limit && ts.FoundOr(bp, static_cast<size_t>(m), Key(r, m)) >= 0)
     ++m;
   reach = std::min(reach, m * bs);
   if (held) {
-    const int32_t last = bp.Find(Key(r, hit / bs - 1));
+    const int64_t j = hit / bs - 1;
+    const int32_t last = ts.FoundOr(bp, static_cast<size_t>(j), Key(r, j));
     held = last >= 0 && bp.ref_count(last) > 0;
   }
   return true;

@@ -65,7 +65,8 @@ struct KvCacheManager::Impl {
   Status CheckAllocate(const Request& r, int64_t num_new, const PrefixHit& hit,
                        int64_t lookahead) const;
   Status PlanAllocation(const Request& r, const manager_internal::StepPlan& s);
-  Status FitAllocation(const Request& r, const manager_internal::StepPlan& s);
+  // The refusal of a step whose planned need does not fit (need and free blocks per pool).
+  Status Shortfall(const Request& r, const manager_internal::StepPlan& s);
   void ApplyFirstStep(Request& r, const manager_internal::StepPlan& s);
   void ApplyStep(Request& r, const manager_internal::StepPlan& s);
   // Marks the planned step [s.begin, s.end) open, reserved to s.reserve.

@@ -4,6 +4,7 @@
 // Private to src/manager.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -77,6 +78,10 @@ struct Request {
 // needs in order to continue computing at position x.
 struct NeededBlocks {
   int64_t lo = 0, hi = 0, sinks = 0;
+  // The next needed block after j: past the sinks it jumps over the released middle to lo, so a
+  // walk over a long prompt's window visits the window, not every block before it.
+  int64_t Next(int64_t j) const { return j + 1 == sinks ? std::max(lo, j + 1) : j + 1; }
+  int64_t First() const { return Next(-1); }
 };
 
 inline bool ReleasesTokens(const GroupConfig& gc) {

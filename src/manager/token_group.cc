@@ -52,9 +52,8 @@ Status TokenGroup::PlanStep(const Request& r, const StepPlan& s, HitPlan& hp, in
   int64_t have = static_cast<int64_t>(ts.table.size());
   if (!s.started && s.begin > 0) {
     const NeededBlocks nb = Needed(s.begin);
-    for (int64_t j = 0; j < nb.hi; ++j) {
-      if (j >= nb.sinks && j < nb.lo) continue;
-      const int32_t b = bp.Find(Key(r, j));
+    for (int64_t j = nb.First(); j < nb.hi; j = nb.Next(j)) {
+      const int32_t b = ts.FoundOr(bp, static_cast<size_t>(j), Key(r, j));
       if (b < 0) {
         if (!hp.TakeLoad(need)) return StaleHit(r, "a KV block");
         continue;
@@ -79,8 +78,7 @@ void TokenGroup::ApplyHit(Request& r, const StepPlan& s, HitPlan& hp) {
   const NeededBlocks nb = Needed(s.begin);
   ts.table.assign(static_cast<size_t>(nb.hi), BlockPool::kNullBlock);
   ts.dirty_from = 0;
-  for (int64_t j = 0; j < nb.hi; ++j) {
-    if (j >= nb.sinks && j < nb.lo) continue;
+  for (int64_t j = nb.First(); j < nb.hi; j = nb.Next(j)) {
     const int32_t b = hp.blocks[hp.next++];
     if (b == HitPlan::kLoad) {
       r.loads.push_back(
@@ -138,8 +136,7 @@ void TokenGroup::Truncate(Request& r, int64_t x, int64_t new_known) {
   TokenSlot& ts = slot_at(r.slot);
   const int64_t bs = block_tokens();
   const NeededBlocks nb = Needed(x);
-  for (int64_t j = 0; j < nb.hi; ++j) {
-    if (j >= nb.sinks && j < nb.lo) continue;
+  for (int64_t j = nb.First(); j < nb.hi; j = nb.Next(j)) {
     int32_t& b = ts.table[static_cast<size_t>(j)];
     if (b != BlockPool::kNullBlock) continue;
     b = bp.Find(Key(r, j));

@@ -26,6 +26,13 @@ struct TokenSlot {
   int64_t evicted = 0;
   // Entries before this are as the engine last took them (TakeDelta).
   int32_t dirty_from = 0;
+  // Before the first Allocate: the blocks the last Lookup found for the leading blocks of the
+  // prompt (-1: found only in an external store), valid while the pool's identity_epoch() is
+  // found_epoch. The first Allocate's plan reads them instead of probing the index again: an
+  // engine asks Lookup and Allocate back to back, and a waiting request refused every step
+  // would otherwise probe its whole hit twice per step.
+  std::vector<int32_t> found;
+  uint64_t found_epoch = 0;
 
   void Clear() {
     table.clear();
@@ -33,6 +40,12 @@ struct TokenSlot {
     release_from = 0;
     evicted = 0;
     dirty_from = 0;
+    found.clear();
+  }
+  // The block holding leading block j's key, from `found` when it still stands.
+  int32_t FoundOr(const BlockPool& bp, size_t j, const PrefixKey& key) const {
+    if (found_epoch == bp.identity_epoch() && j < found.size() && found[j] >= 0) return found[j];
+    return bp.Find(key);
   }
   void Touch(size_t index) { dirty_from = std::min(dirty_from, static_cast<int32_t>(index)); }
 };

@@ -288,6 +288,7 @@ void BlockPool::Record(KvEvent::Kind kind, const PrefixKey& key, int32_t block,
 void BlockPool::DropIdentity(int32_t b) {
   const size_t i = static_cast<size_t>(b);
   if (!has_key_[i]) return;
+  ++identity_epoch_;
   index_.Erase(key_[i]);
   has_key_[i] = 0;
   num_free_cached_ -= on_list_[i];
@@ -497,6 +498,7 @@ Status BlockPool::MoveHeld(int32_t src, int32_t dst) {
 }
 
 void BlockPool::ResetPrefixCache() {
+  ++identity_epoch_;
   index_.Clear();
   std::fill(has_key_.begin(), has_key_.end(), 0);
   std::fill(seg_cached_.begin(), seg_cached_.end(), 0);

@@ -158,6 +158,10 @@ class BlockPool {
 
   int32_t num_blocks() const { return static_cast<int32_t>(ref_.size()); }
   int32_t num_free() const { return num_free_; }  // free owned blocks, cached or not
+  // Counts the times a prefix identity left a block (evicted, moved, the cache reset). While it
+  // stands still, every key Find answered still names the same block, so a caller may keep the
+  // answers instead of asking again. Publishing does not move it.
+  uint64_t identity_epoch() const { return identity_epoch_; }
   int32_t num_cached() const { return index_.size(); }
   int32_t ref_count(int32_t block) const { return ref_[static_cast<size_t>(block)]; }
   bool has_identity(int32_t block) const { return has_key_[static_cast<size_t>(block)] != 0; }
@@ -252,6 +256,7 @@ class BlockPool {
   std::vector<PrefixKey> key_;
   std::vector<uint8_t> has_key_;
   int32_t head_ = -1, tail_ = -1, num_free_ = 0;
+  uint64_t identity_epoch_ = 0;
   // Blocks queued at the head (tick 0) always precede those queued at the tail; this is the last
   // of them (-1: none), after which Demote queues.
   int32_t head_run_end_ = -1;
