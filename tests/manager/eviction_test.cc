@@ -167,6 +167,41 @@ TEST(Eviction, EventsNameTheirGroup) {
   EXPECT_EQ(d.m().Usage(0).num_cached, 0);
 }
 
+// Lookup keeps the blocks it found for the first Allocate, for as long as no identity leaves a
+// block. A hit whose blocks were evicted in between is refused as stale with nothing taken; once
+// the same prefix is cached again in other blocks, the same hit is taken from where it now lives.
+TEST(Eviction, AHitEvictedBetweenLookupAndAllocate) {
+  Driver d(MakeConfig({9}, {Full(4)}));  // 8 blocks
+  d.Add(1, Seq(16, 100));
+  d.Prefill(1);
+  const std::vector<int32_t> first = d.Table(1, 0);
+  d.Free(1);
+  d.Add(2, Seq(17, 100));
+  const PrefixHit hit = d.Lookup(2);
+  ASSERT_EQ(hit.tokens, 16);
+  // Request 3 takes every block, request 1's cached ones included.
+  d.Add(3, Seq(32, 900));
+  d.Prefill(3);
+  const std::vector<int32_t> third = d.Table(3, 0);
+  for (int32_t b : first)
+    EXPECT_NE(std::find(third.begin(), third.end(), b), third.end());
+  const Status stale = d.m().Allocate(2, 1, hit);
+  EXPECT_EQ(stale.code(), StatusCode::kFailedPrecondition) << stale.ToString();
+  EXPECT_NE(stale.message().find("went stale"), std::string::npos) << stale.message();
+  d.Check();
+  EXPECT_EQ(d.m().NumComputed(2).value(), 0);
+  // The prefix is computed and cached again, in blocks request 3 gave up.
+  d.Free(3);
+  d.Add(4, Seq(16, 100));
+  d.Prefill(4);
+  const std::vector<int32_t> fourth = d.Table(4, 0);
+  d.Free(4);
+  d.Run(2, 1, hit);
+  const std::vector<int32_t> second = d.Table(2, 0);
+  ASSERT_GE(second.size(), 4u);
+  EXPECT_EQ(std::vector<int32_t>(second.begin(), second.begin() + 4), fourth);
+}
+
 TEST(Eviction, AllocationFailureLeavesEverythingUnchanged) {
   Driver d(MakeConfig({10, 10}, {Full(4, 0), Window(4, 4, 1)}));
   d.Add(1, Seq(16, 100));
