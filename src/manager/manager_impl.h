@@ -81,9 +81,10 @@ struct KvCacheManager::Impl {
   // itself, then one other live request's at a time; advances from_slot; false when none is left.
   bool GiveBackRollingStates(Request& r, size_t& from_slot);
   void UndoGiveBack();
-  // FitAllocation, giving back what running requests hold as cache (branch windows, then rolling
-  // states) one request at a time and planning again until the step fits; a refusal takes every
-  // give-back back, so it changes nothing.
+  // Whether the planned need fits (CacheCore::TryReserveBlocks), giving back what running
+  // requests hold as cache (branch windows, then rolling states) one request at a time and
+  // planning again until the step fits; a refusal takes every give-back back, so it changes
+  // nothing, and returns Shortfall.
   Status FitWithGiveBacks(Request& r, const manager_internal::StepPlan& s);
 
   // The operations the public calls are built from.
