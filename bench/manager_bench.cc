@@ -395,6 +395,59 @@ void BM_LookupNextTurn(benchmark::State& state) {
 }
 BENCHMARK(BM_LookupNextTurn)->ArgName("model")->DenseRange(0, 2);
 
+// A waiting head refused step after step: memory is full of running requests but for one
+// request's worth, which caches the previous 2048-token turn; the next turn (up to 4096 new
+// tokens) hits it and still does not fit. Each iteration is what a scheduler asks for the head
+// every step: Lookup, then the first Allocate, refused (nothing changes).
+void BM_RefusedAdmission(benchmark::State& state) {
+  const auto model = static_cast<int>(state.range(0));
+  constexpr int64_t kTurn = 2048;
+  Result<ManagerConfig> config = ModelConfig(model);
+  if (!Check(state, config.status())) return;
+  const int64_t kNew = std::min<int64_t>(4096, config->max_model_len - kTurn);
+  std::vector<int32_t> pools(config->pool_blocks.size(), 4096);
+  Result<KvCacheManager> made = MakeManager(model, pools);
+  if (!Check(state, made.status())) return;
+  KvCacheManager& m = *made;
+  std::vector<int32_t> prompt = BasePrompt(kTurn + kNew);
+  // Running requests of one turn's size until the next one does not fit; then one leaves.
+  RequestId filler = kFillIds;
+  for (;; ++filler) {
+    std::vector<int32_t> other = BasePrompt(kTurn);
+    Stamp(other, 0, kFillIds + static_cast<uint64_t>(filler));
+    const Status s = Prefill(m, filler, other, true);
+    if (s.code() == StatusCode::kResourceExhausted) {
+      if (!Check(state, m.Free(filler))) return;
+      break;
+    }
+    if (!Check(state, s)) return;
+  }
+  if (!Check(state, m.Free(kFillIds))) return;
+  if (!Check(state, Prefill(m, 1, std::span<const int32_t>(prompt).first(kTurn), false))) return;
+  Stamp(prompt, kTurn, 7);
+  RequestSpec spec;
+  spec.id = 2;
+  spec.prompt = prompt;
+  if (!Check(state, m.AddRequest(spec))) return;
+  const auto admit = [&] {
+    const Result<PrefixHit> hit = m.Lookup(2);
+    if (!hit.ok()) return hit.status();
+    const int64_t rest = kTurn + kNew - hit->tokens;
+    return m.Allocate(2, rest, *hit);
+  };
+  if (admit().code() != StatusCode::kResourceExhausted) {
+    state.SkipWithError("the waiting request fits: the benchmark's memory is not full");
+    return;
+  }
+  for (auto _ : state) {
+    const Status refused = admit();
+    benchmark::DoNotOptimize(refused.code());
+  }
+  state.SetLabel(kModels[static_cast<size_t>(model)].name);
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_RefusedAdmission)->ArgName("model")->DenseRange(0, 2);
+
 // Parallel sampling: a child forked from a 2040-token parent (last block partly filled) decodes
 // one token, which copies the shared partial block, and is freed.
 void BM_ForkCycle(benchmark::State& state) {
