@@ -215,6 +215,20 @@ Status KvCacheManager::Impl::FitWithGiveBacks(Request& r, const StepPlan& s) {
   // enough. Giving back evicts nothing, so the hit still stands on every later plan.
   given_back.clear();
   given_back_branch.clear();
+  // A waiting head may be refused every step. Everything given back at once, and one plan and
+  // one check, decide whether the search below can succeed: a give-back only frees pages (the
+  // request's own rolling state also lowers its need), so if the whole set does not fit, no
+  // part of it does, and the search would end refused with every give-back applied - this plan's
+  // need, this shortage. Only a step that will fit pays for the search.
+  for (size_t from = 0; GiveBackBranchWindows(from);) {
+  }
+  for (size_t from = 0; has_state_groups && GiveBackRollingStates(r, from);) {
+  }
+  if (given_back.empty()) return Shortfall(r, s);
+  Must(PlanAllocation(r, s));
+  const bool can_fit = core.CanReserveBlocks();
+  UndoGiveBack();
+  if (!can_fit) return Shortfall(r, s);
   for (size_t from = 0; !fits && GiveBackBranchWindows(from);) {
     Must(PlanAllocation(r, s));
     fits = core.TryReserveBlocks();

@@ -295,6 +295,19 @@ Status CacheCore::ReserveBlocks() {
   return Status::Ok();
 }
 
+bool CacheCore::CanReserveBlocks() {
+  if (arena.num_slabs() > 0) {
+    Status possible = arena.CheckReserve(pools, need, hit_keep);
+    if (possible.code() != StatusCode::kResourceExhausted) Must(possible);
+    if (!possible.ok()) arena_shortage = possible.message();
+    return possible.ok();
+  }
+  for (size_t p = 0; p < pools.size(); ++p) {
+    if (need[p] > pools[p].num_free()) return false;
+  }
+  return true;
+}
+
 bool CacheCore::TryReserveBlocks() {
   if (arena.num_slabs() > 0) {
     Status reserved = ReserveBlocks();

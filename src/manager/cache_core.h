@@ -114,6 +114,8 @@ struct CacheCore {
   // The same, answering only whether it succeeded: a waiting request may be refused every step,
   // and the reason is worth formatting once per refused call, not once per try within it.
   bool TryReserveBlocks();
+  // Whether TryReserveBlocks would succeed, changing nothing (no slab moves).
+  bool CanReserveBlocks();
   std::string arena_shortage;  // two-level memory: why the last TryReserveBlocks failed
   // `n` fresh blocks of `pool` into `fresh` (cleared first); the caller has reserved them.
   std::span<const int32_t> AllocateReserved(int32_t pool, int64_t n);

@@ -126,8 +126,8 @@ int32_t SlabArena::Donor(std::span<BlockPool> pools, std::span<const int64_t> ne
   return best;
 }
 
-Status SlabArena::Reserve(std::span<BlockPool> pools, std::span<const int64_t> need,
-                          std::span<const PoolBlock> keep) {
+Status SlabArena::Keep(std::span<const BlockPool> pools, std::span<const int64_t> need,
+                       std::span<const PoolBlock> keep) {
   if (need.size() != pools.size()) {
     return Status::InvalidArgument(fmt::format("reserve: {} pools and {} needs for {} classes",
                                                pools.size(), need.size(), pages_per_slab_.size()));
@@ -160,15 +160,32 @@ Status SlabArena::Reserve(std::span<BlockPool> pools, std::span<const int64_t> n
     kept_[static_cast<size_t>(seg)] = 1;
     if (bp.segment_held(seg) == 0) ++kept_empty_[static_cast<size_t>(k.pool)];
   }
-  const Status s = ReserveKeeping(pools, need);
+  return Status::Ok();
+}
+
+void SlabArena::Unkeep(std::span<const BlockPool> pools, std::span<const PoolBlock> keep) {
   for (const PoolBlock& k : keep)
     kept_[static_cast<size_t>(pools[static_cast<size_t>(k.pool)].segment_of(k.block))] = 0;
   std::fill(kept_empty_.begin(), kept_empty_.end(), 0);
+}
+
+Status SlabArena::Reserve(std::span<BlockPool> pools, std::span<const int64_t> need,
+                          std::span<const PoolBlock> keep) {
+  HKV_RETURN_IF_ERROR(Keep(pools, need, keep));
+  const Status s = ReserveKeeping(pools, need);
+  Unkeep(pools, keep);
   return s;
 }
 
-Status SlabArena::ReserveKeeping(std::span<BlockPool> pools, std::span<const int64_t> need) {
-  // Feasibility first, so a refusal changes nothing.
+Status SlabArena::CheckReserve(std::span<const BlockPool> pools, std::span<const int64_t> need,
+                               std::span<const PoolBlock> keep) {
+  HKV_RETURN_IF_ERROR(Keep(pools, need, keep));
+  const Status s = Feasible(pools, need);
+  Unkeep(pools, keep);
+  return s;
+}
+
+Status SlabArena::Feasible(std::span<const BlockPool> pools, std::span<const int64_t> need) const {
   int64_t short_slabs = 0;
   int64_t supply = num_unassigned();
   for (size_t p = 0; p < pools.size(); ++p) {
@@ -187,6 +204,12 @@ Status SlabArena::ReserveKeeping(std::span<BlockPool> pools, std::span<const int
         fmt::format("reserve: the classes need {} more slab(s) than the {} that can be given",
                     short_slabs, supply));
   }
+  return Status::Ok();
+}
+
+Status SlabArena::ReserveKeeping(std::span<BlockPool> pools, std::span<const int64_t> need) {
+  // Feasibility first, so a refusal changes nothing.
+  HKV_RETURN_IF_ERROR(Feasible(pools, need));
   // Deficits: any slab will do; the oldest-emptied goes first.
   for (size_t p = 0; p < pools.size(); ++p) {
     while (pools[p].num_free() < need[p]) {

@@ -206,6 +206,38 @@ TEST(SlabArenaTest, BetweenWorthlessPagesAClassEvictsItsOwn) {
   EXPECT_EQ(next[1][0], got[1][0]);
 }
 
+// CheckReserve answers what Reserve would - success, the same refusal, the same argument
+// errors, kept slabs honoured - and moves nothing either way.
+TEST(SlabArenaTest, CheckReserveAnswersAsReserveWouldAndMovesNothing) {
+  Memory m(2, {1, 1});
+  std::vector<std::vector<int32_t>> a;
+  ASSERT_TRUE(m.Take({2, 0}, a).ok());
+  ASSERT_TRUE(m.pools[0].Publish(a[0][0], Key(1)).ok());
+  ASSERT_TRUE(m.pools[0].Publish(a[0][1], Key(2)).ok());
+  ASSERT_TRUE(m.pools[0].Free(a[0]).ok());
+  const auto owners = [&] { return std::vector<int32_t>{m.arena.owner(0), m.arena.owner(1)}; };
+  const std::vector<int32_t> before = owners();
+  const std::vector<PoolBlock> keep = {{0, a[0][0]}};
+  const std::vector<int64_t> one_each = {1, 1}, two = {0, 2};
+  EXPECT_TRUE(m.arena.CheckReserve(m.pools, one_each, keep).ok());
+  // Class 1 would need both slabs, and one is kept.
+  const Status kept = m.arena.CheckReserve(m.pools, two, keep);
+  EXPECT_EQ(kept.code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(kept.message(), m.arena.Reserve(m.pools, two, keep).message());
+  EXPECT_TRUE(m.arena.CheckReserve(m.pools, two).ok());
+  const std::vector<PoolBlock> outside = {{0, 99}};
+  EXPECT_EQ(m.arena.CheckReserve(m.pools, std::vector<int64_t>{0, 0}, outside).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(owners(), before);
+  EXPECT_EQ(m.pools[0].Find(Key(1)), a[0][0]);
+  EXPECT_EQ(m.pools[0].Find(Key(2)), a[0][1]);
+  m.Check();
+  // And Reserve does what CheckReserve said it could.
+  ASSERT_TRUE(m.arena.Reserve(m.pools, one_each, keep).ok());
+  EXPECT_EQ(m.pools[1].num_owned(), 1);
+  m.Check();
+}
+
 TEST(SlabArenaTest, KeptBlocksHoldTheirSlab) {
   Memory m(2, {1, 1});
   std::vector<std::vector<int32_t>> a;

@@ -72,6 +72,10 @@ class SlabArena {
   // given away.
   Status Reserve(std::span<BlockPool> pools, std::span<const int64_t> need,
                  std::span<const PoolBlock> keep = {});
+  // What Reserve would answer, moving nothing: Ok exactly when Reserve would succeed, else the
+  // same refusal.
+  Status CheckReserve(std::span<const BlockPool> pools, std::span<const int64_t> need,
+                      std::span<const PoolBlock> keep = {});
 
   int64_t num_slabs() const { return static_cast<int64_t>(owner_.size()); }
   int64_t num_unassigned() const { return static_cast<int64_t>(unassigned_.size()); }
@@ -97,6 +101,13 @@ class SlabArena {
   // Largest number of slabs pool q can give up and still allocate need_q pages.
   int64_t Spare(std::span<const BlockPool> pools, size_t q, int64_t need_q) const;
   Status ReserveKeeping(std::span<BlockPool> pools, std::span<const int64_t> need);
+  // Reserve's checks of its arguments, and of the keeps' slabs (marked in kept_ until Unkeep).
+  Status Keep(std::span<const BlockPool> pools, std::span<const int64_t> need,
+              std::span<const PoolBlock> keep);
+  void Unkeep(std::span<const BlockPool> pools, std::span<const PoolBlock> keep);
+  // Whether every class's need can be met by moving slabs (the feasibility ReserveKeeping checks
+  // before it moves any).
+  Status Feasible(std::span<const BlockPool> pools, std::span<const int64_t> need) const;
   // Gives `slab` (unassigned, or empty in pool `from`) to pool p.
   void Move(std::span<BlockPool> pools, int32_t slab, int32_t from, size_t p);
   // A slab some other pool (`from`) can give p without dropping below its need: an uncaching
