@@ -239,7 +239,8 @@ Status KvCacheManager::Impl::FitWithGiveBacks(Request& r, const StepPlan& s) {
     fits = core.TryReserveBlocks();
   }
   if (!fits) {
-    // The need of the last plan, against what the pools hold with every give-back taken back.
+    // Not reached while give-backs only free pages (the check above said the whole set fits);
+    // kept so that a give-back breaking that rule still refuses cleanly.
     UndoGiveBack();
     return Shortfall(r, s);
   }

@@ -50,6 +50,8 @@ bool CacheCore::ExternalHas(const PrefixKey& key) const {
 
 void CacheCore::ExtendHashes(Request& r) {
   const int64_t g = hash_tokens;
+  // Called after every append: a decode token completes a block once in hash_tokens.
+  if (r.known() < (static_cast<int64_t>(r.hashes.size()) + 1) * g) return;
   const int64_t full = r.known() / g;
   while (static_cast<int64_t>(r.hashes.size()) < full) {
     const int64_t i = static_cast<int64_t>(r.hashes.size());
@@ -295,29 +297,26 @@ Status CacheCore::ReserveBlocks() {
   return Status::Ok();
 }
 
-bool CacheCore::CanReserveBlocks() {
-  if (arena.num_slabs() > 0) {
-    Status possible = arena.CheckReserve(pools, need, hit_keep);
-    if (possible.code() != StatusCode::kResourceExhausted) Must(possible);
-    if (!possible.ok()) arena_shortage = possible.message();
-    return possible.ok();
-  }
+bool CacheCore::FixedPoolsFit() const {
   for (size_t p = 0; p < pools.size(); ++p) {
     if (need[p] > pools[p].num_free()) return false;
   }
   return true;
 }
 
+bool CacheCore::CanReserveBlocks() {
+  if (arena.num_slabs() == 0) return FixedPoolsFit();
+  const Status possible = arena.CheckReserve(pools, need, hit_keep);
+  if (possible.code() != StatusCode::kResourceExhausted) Must(possible);
+  if (!possible.ok()) arena_shortage = possible.message();
+  return possible.ok();
+}
+
 bool CacheCore::TryReserveBlocks() {
-  if (arena.num_slabs() > 0) {
-    Status reserved = ReserveBlocks();
-    if (!reserved.ok()) arena_shortage = reserved.message();
-    return reserved.ok();
-  }
-  for (size_t p = 0; p < pools.size(); ++p) {
-    if (need[p] > pools[p].num_free()) return false;
-  }
-  return true;
+  if (arena.num_slabs() == 0) return FixedPoolsFit();
+  const Status reserved = ReserveBlocks();
+  if (!reserved.ok()) arena_shortage = reserved.message();
+  return reserved.ok();
 }
 
 std::span<const int32_t> CacheCore::AllocateReserved(int32_t pool, int64_t n) {

@@ -90,8 +90,11 @@ struct CacheCore {
   // ---- block movement.
   // A block is available to a hit when the pool caches it or, during Lookup(id, external),
   // when `external` has it.
-  bool Available(const BlockPool& bp, const PrefixKey& key) const {
-    return bp.Find(key) >= 0 || (external != nullptr && ExternalHas(key));
+  // With `block`: the pool's block for the key (-1 when only the external store has it).
+  bool Available(const BlockPool& bp, const PrefixKey& key, int32_t* block = nullptr) const {
+    const int32_t b = bp.Find(key);
+    if (block != nullptr) *block = b;
+    return b >= 0 || (external != nullptr && ExternalHas(key));
   }
   // The store's answer for `key`: from the batch Lookup asked up front (AskExternal), else Has.
   bool ExternalHas(const PrefixKey& key) const;
@@ -116,6 +119,7 @@ struct CacheCore {
   bool TryReserveBlocks();
   // Whether TryReserveBlocks would succeed, changing nothing (no slab moves).
   bool CanReserveBlocks();
+  bool FixedPoolsFit() const;  // without two-level memory: every need within its pool's free
   std::string arena_shortage;  // two-level memory: why the last TryReserveBlocks failed
   // `n` fresh blocks of `pool` into `fresh` (cleared first); the caller has reserved them.
   std::span<const int32_t> AllocateReserved(int32_t pool, int64_t n);

@@ -24,10 +24,8 @@ int64_t FullAttentionGroup::LookupBound(const Request& r, int64_t x, int64_t cap
     ts.found.clear();
     ts.found_epoch = bp.identity_epoch();
     cached_prefix_ = 0;
-    while (cached_prefix_ < limit) {
-      const PrefixKey key = Key(r, cached_prefix_);
-      const int32_t b = bp.Find(key);
-      if (b < 0 && (core_.external == nullptr || !core_.ExternalHas(key))) break;
+    int32_t b = -1;
+    while (cached_prefix_ < limit && core_.Available(bp, Key(r, cached_prefix_), &b)) {
       ts.found.push_back(b);
       ++cached_prefix_;
     }

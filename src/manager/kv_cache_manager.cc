@@ -252,9 +252,7 @@ Status KvCacheManager::AppendTokens(RequestId id, std::span<const int32_t> token
     }
   }
   r->tokens.insert(r->tokens.end(), tokens.begin(), tokens.end());
-  // A decode token completes a hash block once in hash_tokens appends.
-  if (r->known() >= static_cast<int64_t>(r->hashes.size() + 1) * m.core.hash_tokens)
-    m.core.ExtendHashes(*r);
+  m.core.ExtendHashes(*r);
   return Status::Ok();
 }
 

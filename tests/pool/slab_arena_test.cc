@@ -34,6 +34,18 @@ struct Memory {
     }
     return Status::Ok();
   }
+  // Class 0 takes one page per key, publishes them in order and frees them: the pages stay
+  // cached, their slabs empty in that order.
+  std::vector<int32_t> CacheInClass0(const std::vector<uint64_t>& keys) {
+    std::vector<std::vector<int32_t>> got;
+    std::vector<int64_t> need(pools.size(), 0);
+    need[0] = static_cast<int64_t>(keys.size());
+    EXPECT_TRUE(Take(need, got).ok());
+    for (size_t i = 0; i < keys.size(); ++i)
+      EXPECT_TRUE(pools[0].Publish(got[0][i], Key(keys[i])).ok());
+    EXPECT_TRUE(pools[0].Free(got[0]).ok());
+    return got[0];
+  }
   void Check() const {
     const Status s = arena.CheckInvariants(pools);
     ASSERT_TRUE(s.ok()) << s.message();
@@ -210,14 +222,11 @@ TEST(SlabArenaTest, BetweenWorthlessPagesAClassEvictsItsOwn) {
 // errors, kept slabs honoured - and moves nothing either way.
 TEST(SlabArenaTest, CheckReserveAnswersAsReserveWouldAndMovesNothing) {
   Memory m(2, {1, 1});
-  std::vector<std::vector<int32_t>> a;
-  ASSERT_TRUE(m.Take({2, 0}, a).ok());
-  ASSERT_TRUE(m.pools[0].Publish(a[0][0], Key(1)).ok());
-  ASSERT_TRUE(m.pools[0].Publish(a[0][1], Key(2)).ok());
-  ASSERT_TRUE(m.pools[0].Free(a[0]).ok());
+  const std::vector<int32_t> cached = m.CacheInClass0({1, 2});
+  ASSERT_EQ(cached.size(), 2u);
   const auto owners = [&] { return std::vector<int32_t>{m.arena.owner(0), m.arena.owner(1)}; };
   const std::vector<int32_t> before = owners();
-  const std::vector<PoolBlock> keep = {{0, a[0][0]}};
+  const std::vector<PoolBlock> keep = {{0, cached[0]}};
   const std::vector<int64_t> one_each = {1, 1}, two = {0, 2};
   EXPECT_TRUE(m.arena.CheckReserve(m.pools, one_each, keep).ok());
   // Class 1 would need both slabs, and one is kept.
@@ -229,8 +238,8 @@ TEST(SlabArenaTest, CheckReserveAnswersAsReserveWouldAndMovesNothing) {
   EXPECT_EQ(m.arena.CheckReserve(m.pools, std::vector<int64_t>{0, 0}, outside).code(),
             StatusCode::kInvalidArgument);
   EXPECT_EQ(owners(), before);
-  EXPECT_EQ(m.pools[0].Find(Key(1)), a[0][0]);
-  EXPECT_EQ(m.pools[0].Find(Key(2)), a[0][1]);
+  EXPECT_EQ(m.pools[0].Find(Key(1)), cached[0]);
+  EXPECT_EQ(m.pools[0].Find(Key(2)), cached[1]);
   m.Check();
   // And Reserve does what CheckReserve said it could.
   ASSERT_TRUE(m.arena.Reserve(m.pools, one_each, keep).ok());
@@ -240,16 +249,13 @@ TEST(SlabArenaTest, CheckReserveAnswersAsReserveWouldAndMovesNothing) {
 
 TEST(SlabArenaTest, KeptBlocksHoldTheirSlab) {
   Memory m(2, {1, 1});
-  std::vector<std::vector<int32_t>> a;
-  ASSERT_TRUE(m.Take({2, 0}, a).ok());
-  ASSERT_TRUE(m.pools[0].Publish(a[0][0], Key(1)).ok());
-  ASSERT_TRUE(m.pools[0].Publish(a[0][1], Key(2)).ok());
-  ASSERT_TRUE(m.pools[0].Free(a[0]).ok());  // Key(1)'s slab emptied first
+  const std::vector<int32_t> cached = m.CacheInClass0({1, 2});  // Key(1)'s slab emptied first
+  ASSERT_EQ(cached.size(), 2u);
   // A caller about to acquire Key(1) keeps it: class 1 gets the other slab.
-  const std::vector<PoolBlock> keep = {{0, a[0][0]}};
+  const std::vector<PoolBlock> keep = {{0, cached[0]}};
   ASSERT_TRUE(m.arena.Reserve(m.pools, std::vector<int64_t>{1, 1}, keep).ok());
   m.Check();
-  EXPECT_EQ(m.pools[0].Find(Key(1)), a[0][0]);
+  EXPECT_EQ(m.pools[0].Find(Key(1)), cached[0]);
   EXPECT_EQ(m.pools[0].Find(Key(2)), -1);
   // With the only empty slab kept, nothing can be given.
   std::vector<std::vector<int32_t>> b;
