@@ -36,7 +36,14 @@ class Live:
 
 
 def replay(trace, config, budget=8192, max_running=1024, max_model_len=16384):
-    """Replays `trace` (hybridkv.generate_trace / read_trace) through a new manager."""
+    """Replays `trace` (hybridkv.generate_trace / read_trace) through a new manager.
+
+    The loop allocates every scheduled request before any step runs and commits them after, as
+    one forward pass over the batch would; so, as `hkv simulate` does, it has the manager publish
+    a step's blocks when it is allocated (config.publish_at_allocate): a request admitted in a
+    step hits what an earlier one computes in it.
+    """
+    config.publish_at_allocate = True
     mgr = hybridkv.KvCacheManager(config)
     token_groups = [g for g, c in enumerate(config.groups) if c.kind != "state"]
     reqs = [Live(i, spec) for i, spec in enumerate(trace)]

@@ -17,11 +17,14 @@ Block pool model (what the C++ manager does for one full-attention group):
     block is first), to the back otherwise.
   * Publishing: after a step, each full computed block gets the identity of its prefix, unless
     another block already holds that identity (then it stays without one, and is never retried).
+    With --publish-at-allocate (hkv simulate's default; --publish-at-commit turns it off there),
+    each full block of known tokens a request's chunk completes is published when the chunk is
+    scheduled, so a request admitted later in the same step hits it, as vLLM caches blocks.
   * A step where nothing runs and the head of `waiting` still cannot be admitted is an error: with
     every block free it never will be (hkv simulate stops there too; replay.md is silent).
 
 Usage: replay_reference.py TRACE.jsonl --num-blocks N [--block-tokens 16] [--budget 8192]
-         [--max-running 1024] [--max-model-len 16384] [--csv OUT.csv]
+         [--max-running 1024] [--max-model-len 16384] [--csv OUT.csv] [--publish-at-allocate]
 --num-blocks counts the null block: pass hkv's reported num_blocks + 1.
 """
 import argparse
@@ -93,6 +96,7 @@ def main():
     ap.add_argument("--max-running", type=int, default=1024)
     ap.add_argument("--max-model-len", type=int, default=16384)
     ap.add_argument("--csv")
+    ap.add_argument("--publish-at-allocate", action="store_true")
     a = ap.parse_args()
     bs = a.block_tokens
 
@@ -121,6 +125,18 @@ def main():
     tot = collections.Counter()
     nxt, s = 0, 0
 
+    def publish_through(r, end):  # every full block below `end` not yet published
+        ids = chain(r)
+        full = end // bs
+        for j in range(r.published, full):
+            pool.publish(r.table[j], ids[j])
+        r.published = max(r.published, full)
+
+    def scheduled(r, n):
+        sched.append((r, n))
+        if a.publish_at_allocate:
+            publish_through(r, min(r.computed + n, len(r.tokens)))
+
     def evict(r):  # preemption or finish: give back every block
         pool.release(r.table)
         r.table, r.computed, r.published = [], 0, 0
@@ -145,7 +161,7 @@ def main():
                 if extra <= len(pool.free):
                     r.table += [pool.take_front() for _ in range(extra)]
                     budget -= n
-                    sched.append((r, n))
+                    scheduled(r, n)
                     break
                 victim = running.pop()
                 evict(victim)
@@ -174,7 +190,7 @@ def main():
             budget -= n
             waiting.popleft()
             running.append(r)
-            sched.append((r, n))
+            scheduled(r, n)
             if not r.admitted:
                 r.admitted = True
                 tot["first_tokens"] += len(r.tokens)
@@ -194,11 +210,7 @@ def main():
         for r, n in sched:
             r.computed += n
             row[7] += n
-            ids = chain(r)
-            full = r.computed // bs
-            for j in range(r.published, full):
-                pool.publish(r.table[j], ids[j])
-            r.published = max(r.published, full)
+            publish_through(r, r.computed)
         # 4. outputs and finishing, in scheduling order
         for r, n in sched:
             if r.computed < len(r.tokens):

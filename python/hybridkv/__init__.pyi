@@ -62,6 +62,7 @@ class ManagerConfig:
     enable_prefix_caching: bool
     drop_last_hit_block: bool
     coherent_eviction: bool
+    publish_at_allocate: bool
     evict_uncovered: bool
     prompt_checkpoints: bool
     rolling_stride_after_give_back: int

@@ -121,6 +121,7 @@ void BindConfigs(py::module_& m) {
       .def_readwrite("enable_prefix_caching", &ManagerConfig::enable_prefix_caching)
       .def_readwrite("drop_last_hit_block", &ManagerConfig::drop_last_hit_block)
       .def_readwrite("coherent_eviction", &ManagerConfig::coherent_eviction)
+      .def_readwrite("publish_at_allocate", &ManagerConfig::publish_at_allocate)
       .def_readwrite("evict_uncovered", &ManagerConfig::evict_uncovered)
       .def_readwrite("prompt_checkpoints", &ManagerConfig::prompt_checkpoints)
       .def_readwrite("rolling_stride_after_give_back",

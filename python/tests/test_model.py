@@ -97,6 +97,9 @@ def test_hand_made_config_is_validated():
                  "coherent_eviction", "evict_uncovered", "prompt_checkpoints", "record_events"):
         setattr(c, name, False)
         assert getattr(c, name) is False
+    assert c.publish_at_allocate is False
+    c.publish_at_allocate = True
+    assert c.publish_at_allocate is True
     assert c.num_slabs == 0 and c.pages_per_slab == []
 
 

@@ -237,8 +237,16 @@ Status Engine::Impl::AfterManagerCall() {
   if (!connector_ && options_.kv_events == nullptr) return Status::Ok();
   const std::vector<ManagerEvent> events = manager_->TakeEvents();
   if (events.empty()) return Status::Ok();
-  // Published blocks are exported now, before any later call can hand them out again.
-  if (connector_ && options_.offload->store) HKV_RETURN_IF_ERROR(connector_->Store(events));
+  // Published blocks are exported now, before any later call can hand them out again. In a
+  // batch, blocks published at Allocate hold KV only once the batch has run; no call until then
+  // reuses a block (the rest of the batch only runs and commits).
+  if (connector_ && options_.offload->store) {
+    if (options_.batched) {
+      store_after_batch_.insert(store_after_batch_.end(), events.begin(), events.end());
+    } else {
+      HKV_RETURN_IF_ERROR(connector_->Store(events));
+    }
+  }
   const RequestTokens tokens =
       options_.kv_events != nullptr ? TokensOf(*manager_) : RequestTokens{};
   if (options_.kv_events != nullptr) {
@@ -357,8 +365,8 @@ Status Engine::Impl::FinishOrSample(Live& r, const std::vector<float>& last_logi
   return Status::Ok();
 }
 
-Result<bool> Engine::Impl::RunStep(Live& r, int64_t computed, int64_t n,
-                                   const std::vector<int32_t>& drafts) {
+Result<bool> Engine::Impl::AllocateStep(Live& r, int64_t computed, int64_t n,
+                                        const std::vector<int32_t>& drafts) {
   const RequestId id = r.seq.id;
   const PrefixHit hit = r.started ? PrefixHit{} : r.pending;
   const int64_t total = n + static_cast<int64_t>(drafts.size());
@@ -383,6 +391,11 @@ Result<bool> Engine::Impl::RunStep(Live& r, int64_t computed, int64_t n,
                              return Preempt(victim);
                            }));
   if (!allocated) return false;
+  // Copy sources are released at Allocate: a batch copies before any later call reuses them.
+  if (options_.batched) {
+    HKV_ASSIGN_OR_RETURN(const StepInfo step, manager_->Step(id));
+    cache_.ApplyCopies(step.copies);
+  }
   HKV_RETURN_IF_ERROR(AfterManagerCall());
   r.started = true;
   if (hit.tokens > 0) {
@@ -404,8 +417,28 @@ Result<bool> Engine::Impl::RunStep(Live& r, int64_t computed, int64_t n,
     counters_.external_hit_tokens += hit.tokens;
     return true;
   }
-  HKV_RETURN_IF_ERROR(Execute(r, drafts).status());
   return true;
+}
+
+Status Engine::Impl::RunOrQueue(Live* r, std::vector<int32_t> drafts) {
+  if (options_.batched) {
+    batch_.emplace_back(r, std::move(drafts));
+    return Status::Ok();
+  }
+  HKV_RETURN_IF_ERROR(Execute(*r, drafts).status());
+  return MaybeFinish(r);
+}
+
+Status Engine::Impl::RunBatch() {
+  for (auto& [r, drafts] : batch_) {
+    HKV_RETURN_IF_ERROR(Execute(*r, drafts).status());
+    HKV_RETURN_IF_ERROR(MaybeFinish(r));
+  }
+  batch_.clear();
+  if (store_after_batch_.empty()) return Status::Ok();
+  const Status stored = connector_->Store(store_after_batch_);
+  store_after_batch_.clear();
+  return stored;
 }
 
 Status Engine::Impl::DoesNotFitAlone(RequestId id, const Status& refusal) const {
@@ -450,7 +483,7 @@ Status Engine::Impl::MaybeFinish(Live* r) {
 
 Result<std::vector<float>> Engine::Impl::ForwardStep(Live& r, const StepInfo& step,
                                                      const std::vector<int32_t>& drafts) {
-  cache_.ApplyCopies(step.copies);
+  if (!options_.batched) cache_.ApplyCopies(step.copies);
   HKV_ASSIGN_OR_RETURN(auto view, cache_.View(*manager_, r.seq.id));
   if (options_.sparse) PrepareSparse(r, step.begin, step.end, *view);
   std::vector<int32_t> tokens = r.seq.tokens;
@@ -562,12 +595,12 @@ Status Engine::Impl::StepRequest(Live* r, int64_t& budget, int64_t& executed) {
     HKV_ASSIGN_OR_RETURN(const bool loaded,
                          EndLoad(*r, state == TierConnector::LoadState::kLoaded));
     if (loaded) {
-      const std::vector<int32_t> drafts = std::move(r->load_drafts);
+      std::vector<int32_t> drafts = std::move(r->load_drafts);
       r->load_drafts.clear();
-      HKV_ASSIGN_OR_RETURN(const int64_t ran, Execute(*r, drafts));
-      budget -= ran;
+      HKV_ASSIGN_OR_RETURN(const StepInfo step, manager_->Step(id));
+      budget -= step.end - step.begin;
       ++executed;
-      return MaybeFinish(r);
+      return RunOrQueue(r, std::move(drafts));
     }
     // Failed: the request starts over below, from a local lookup.
   }
@@ -595,11 +628,12 @@ Status Engine::Impl::StepRequest(Live* r, int64_t& budget, int64_t& executed) {
       context.push_back(drafts.back());
     }
   }
-  HKV_ASSIGN_OR_RETURN(const bool ran, RunStep(*r, computed, n, drafts));
+  HKV_ASSIGN_OR_RETURN(const bool ran, AllocateStep(*r, computed, n, drafts));
   if (!ran) return Status::Ok();
   budget -= n + static_cast<int64_t>(drafts.size());
-  if (!r->loading) ++executed;
-  return MaybeFinish(r);
+  if (r->loading) return Status::Ok();  // the step runs once its blocks are in
+  ++executed;
+  return RunOrQueue(r, std::move(drafts));
 }
 
 Status Engine::Impl::Step() {
@@ -626,6 +660,7 @@ Status Engine::Impl::Step() {
     if (!still_running) continue;
     HKV_RETURN_IF_ERROR(StepRequest(r, budget, executed));
   }
+  if (options_.batched) HKV_RETURN_IF_ERROR(RunBatch());
   // Only loads are in flight: wait for the oldest rather than return a step that did nothing.
   if (executed == 0) {
     for (const auto& r : running_) {

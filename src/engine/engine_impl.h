@@ -71,15 +71,22 @@ struct Engine::Impl {
   // step's token budget (`executed` counts the requests whose step ran).
   Status AdmitWaiting();
   Status StepRequest(Live* r, int64_t& budget, int64_t& executed);
-  // Runs one step of `r`, which has `computed` positions, over `n` new tokens (drafts appended
-  // to `tokens` beyond the known ones when speculative). Returns false when blocks ran out and
+  // Allocates one step of `r`, which has `computed` positions, over `n` new tokens (drafts
+  // appended to `tokens` beyond the known ones when speculative), and starts the loads of a hit
+  // on external blocks; the caller runs it (RunOrQueue). Returns false when blocks ran out and
   // someone was preempted.
-  Result<bool> RunStep(Live& r, int64_t computed, int64_t n, const std::vector<int32_t>& drafts);
+  Result<bool> AllocateStep(Live& r, int64_t computed, int64_t n,
+                            const std::vector<int32_t>& drafts);
   Status Preempt(const Live* victim);
   // The error for request `id`, refused blocks (`refusal`) with nothing left to preempt.
   Status DoesNotFitAlone(RequestId id, const Status& refusal) const;
   // Runs the open step of `r` (allocated by RunStep); the tokens it computed.
   Result<int64_t> Execute(Live& r, const std::vector<int32_t>& drafts);
+  // Runs the open step of `r` and frees it if it is done; batched, queues it for RunBatch.
+  Status RunOrQueue(Live* r, std::vector<int32_t> drafts);
+  // EngineOptions::batched: runs the queued steps in their order, then stores what the batch
+  // published into the tiers.
+  Status RunBatch();
   // Execute's forward pass over the open step: the logits of its positions, vocab per row.
   Result<std::vector<float>> ForwardStep(Live& r, const StepInfo& step,
                                          const std::vector<int32_t>& drafts);
@@ -126,6 +133,10 @@ struct Engine::Impl {
   std::vector<std::unique_ptr<Live>> running_;
   std::vector<Sequence> finished_;
   EngineCounters counters_;
+  // EngineOptions::batched: the steps allocated in this step, in order, with their drafts; the
+  // manager events a tier stores once they have run.
+  std::vector<std::pair<Live*, std::vector<int32_t>>> batch_;
+  std::vector<ManagerEvent> store_after_batch_;
   bool has_state_ = false;
   int64_t truncate_toggle_ = 0;
   bool preempted_this_step_ = false;

@@ -120,6 +120,7 @@ EngineOptions VerifyEngineOptions(const VerifyOptions& o) {
   eo.poison_free_blocks = true;
   eo.lookahead = 2;
   eo.compact = o.compact;
+  eo.batched = o.batched;
   if (o.sparse) {
     eo.draft_tokens = 0;
     eo.sparse = o.sparse;
@@ -307,6 +308,7 @@ Result<VerifyReport> RunVerify(const ModelSpec& real, const VerifyOptions& o) {
   config.prompt_checkpoints = o.prompt_checkpoints;
   config.eviction_rank = o.eviction_rank;
   config.rolling_stride_after_give_back = config.AlignUp(o.rolling_stride_after_give_back);
+  config.publish_at_allocate = o.batched;
   // Every third seed runs as an EAGLE-style engine would: hits end one block early.
   config.drop_last_hit_block = o.seed % 3 == 0;
   EngineOptions eo = VerifyEngineOptions(o);

@@ -205,6 +205,28 @@ void KvCacheManager::Impl::OpenStep(Request& r, const StepPlan& s) {
   r.step_begin = s.begin;
   r.step_end = s.end;
   r.reserved = s.reserve;
+  // A first step that loads external blocks runs only once they are in, in a later batch than
+  // the requests that would hit it now.
+  if (ahead_publishers.empty() || !r.loads.empty()) return;
+  const int64_t limit = std::min({s.end, r.known(), r.publish_until});
+  for (manager_internal::GroupManager* g : ahead_publishers)
+    g->PublishAhead(r, limit);
+}
+
+Status KvCacheManager::Impl::CheckLent(const Request& r, int64_t limit, const char* call) const {
+  for (const manager_internal::GroupManager* g : ahead_publishers) {
+    int64_t block = 0;
+    if (g->LentPast(r, limit, block)) {
+      return Status::FailedPrecondition(fmt::format(
+          "{}: request {}: block {} of group {} (positions up to {}) was published when its open "
+          "step [{}, {}) was allocated, and another request's hit holds it; that request reads "
+          "it in the same batch, so the step must be committed at least to {} (or that request "
+          "freed first)",
+          call, r.id, block, g->group(), (block + 1) * g->config().block_tokens, r.step_begin,
+          r.step_end, (block + 1) * g->config().block_tokens));
+    }
+  }
+  return Status::Ok();
 }
 
 Status KvCacheManager::Impl::FitWithGiveBacks(Request& r, const StepPlan& s) {
@@ -318,6 +340,8 @@ Status KvCacheManager::Impl::Commit(Request& r, int64_t c) {
   for (const manager_internal::GroupManager* g : commit_checkers)
     HKV_RETURN_IF_ERROR(g->CheckCommit(r, c));
   const int64_t publish_limit = std::min({c, r.known(), r.publish_until});
+  if (c < r.step_end && !ahead_publishers.empty())
+    HKV_RETURN_IF_ERROR(CheckLent(r, publish_limit, "commit"));
   r.computed = c;
   r.step_open = false;
   r.copies.clear();

@@ -38,6 +38,14 @@ Status GroupManager::CheckCommit(const Request&, int64_t) const {
 }
 
 void GroupManager::CollectForRelease(Request&, std::vector<std::pair<int64_t, int32_t>>&) {}
+void GroupManager::PublishAhead(Request&, int64_t) {}
+
+bool GroupManager::LentPast(const Request&, int64_t, int64_t&) const {
+  return false;
+}
+
+void GroupManager::WithdrawAhead(Request&, int64_t) {}
+
 void GroupManager::GiveBackBranch(Request&, std::vector<GivenBack>&) {}
 void GroupManager::GiveBackRolling(Request&, bool, std::vector<GivenBack>&) {}
 void GroupManager::RestoreGivenBack(const GivenBack&) {}

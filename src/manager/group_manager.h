@@ -147,12 +147,22 @@ class GroupManager {
   virtual bool RestrictsCommit() const { return false; }
   virtual Status CheckCommit(const Request& r, int64_t computed) const;
   virtual void Commit(Request& r, int64_t computed, int64_t publish_limit) = 0;
+  // ---- ManagerConfig::publish_at_allocate (token groups; nothing for other kinds).
+  // At Allocate: publishes the full blocks below `limit` that the open step completes.
+  virtual void PublishAhead(Request& r, int64_t limit);
+  // Whether a block the open step published at Allocate, at or past `limit`, is held by another
+  // request too (a hit on the open step); its table index into `block`.
+  virtual bool LentPast(const Request& r, int64_t limit, int64_t& block) const;
+  // Withdraws the identities of the blocks the open step published at Allocate at or past
+  // `limit` (their KV was never computed). Commit does it itself.
+  virtual void WithdrawAhead(Request& r, int64_t limit);
   // Returns the request to x (TruncateBound's fixed point established that it can).
   virtual void Truncate(Request& r, int64_t x, int64_t new_known) = 0;
   virtual void Fork(const Request& parent, int32_t child_slot) = 0;
-  // Coherent eviction: appends (end position, block) for every block the request holds (and
-  // every released block still cached that rejoins the order), in rising positions, and forgets
-  // them.
+  // Coherent eviction: appends (end position, block) for every block the request holds, in
+  // rising positions, and forgets them. Blocks a window released mid-way keep their place in the
+  // eviction order: they serve only hits in the middle of the request, which are rarer than
+  // hits at its end (docs/manager.md, "Eviction").
   virtual void CollectForRelease(Request& r, std::vector<std::pair<int64_t, int32_t>>& out);
   virtual void Free(Request& r) = 0;
   // FinishLoad(id, false): releases what the request's first Allocate took.

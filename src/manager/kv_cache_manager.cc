@@ -34,6 +34,10 @@ KvCacheManager::Impl::Impl(const ManagerConfig& c) : core(c), config(core.config
     if (groups.back()->RestrictsCommit()) commit_checkers.push_back(groups.back().get());
     if (groups.back()->WorksOnFreeStep()) free_step_workers.push_back(groups.back().get());
   }
+  if (config.publish_at_allocate && config.enable_prefix_caching && !has_state_groups) {
+    for (size_t g = 0; g < groups.size(); ++g)
+      if (IsDecoderTokens(config.groups[g])) ahead_publishers.push_back(groups[g].get());
+  }
   for (size_t gi = 0; gi < groups.size(); ++gi)
     search_order.push_back(gi);
   std::stable_sort(search_order.begin(), search_order.end(), [&](size_t a, size_t b) {
@@ -275,6 +279,7 @@ Status KvCacheManager::Free(RequestId id) {
     return Status::NotFound(
         fmt::format("free: unknown request {} (never added, or already freed)", id));
   }
+  if (r->step_open) HKV_RETURN_IF_ERROR(m.CheckLent(*r, r->computed, "free"));
   if (m.config.record_events) m.freed_tokens.emplace_back(id, r->tokens);
   m.FreeRequest(*r);
   const int32_t slot = m.index.Find(id);

@@ -69,8 +69,12 @@ struct KvCacheManager::Impl {
   Status Shortfall(const Request& r, const manager_internal::StepPlan& s);
   void ApplyFirstStep(Request& r, const manager_internal::StepPlan& s);
   void ApplyStep(Request& r, const manager_internal::StepPlan& s);
-  // Marks the planned step [s.begin, s.end) open, reserved to s.reserve.
+  // Marks the planned step [s.begin, s.end) open, reserved to s.reserve; with
+  // publish_at_allocate, publishes the full blocks of known tokens it completes.
   void OpenStep(Request& r, const manager_internal::StepPlan& s);
+  // A block the open step published at Allocate, at or past position `limit`, that another
+  // request holds (it hit the open step): the refusal of `call`, which would withdraw it.
+  Status CheckLent(const Request& r, int64_t limit, const char* call) const;
   // Releases the window/chunk blocks the next request from slot `from_slot` on (without an open
   // step) keeps for its branch point (and clears its branch point), appending what it did to
   // given_back; advances from_slot past it; false when no request after from_slot keeps any.
@@ -131,6 +135,9 @@ struct KvCacheManager::Impl {
   // The groups that act at EndPreviousStep / CheckCommit (listed once: most groups never do).
   std::vector<manager_internal::GroupManager*> previous_step_keepers, commit_checkers,
       free_step_workers;
+  // ManagerConfig::publish_at_allocate: the groups that publish what a step completes when it
+  // opens (decoder token groups of a model without recurrent ones; none when it is off).
+  std::vector<manager_internal::GroupManager*> ahead_publishers;
 
   std::vector<Request> requests;  // slots, recycled
   std::vector<int32_t> free_slots;

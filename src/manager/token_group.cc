@@ -119,16 +119,59 @@ void TokenGroup::ApplyStep(Request& r, const StepPlan& s) {
 
 void TokenGroup::Commit(Request& r, int64_t, int64_t publish_limit) {
   TokenSlot& ts = slot_at(r.slot);
-  const int64_t bs = block_tokens();
+  if (ts.ahead_from != TokenSlot::kNoAhead) WithdrawAhead(r, publish_limit);
   // A group that evicted tokens indexes slots, which no digest names. Most commits (a decode
   // token inside a block) fill no block: they leave before the division.
-  if (ts.evicted > 0 || publish_limit < (int64_t{ts.num_published} + 1) * bs) return;
-  const int64_t full = publish_limit / bs;
+  if (ts.evicted > 0 || publish_limit < (int64_t{ts.num_published} + 1) * math_.tokens()) return;
+  PublishUpTo(r, ts, publish_limit);
+}
+
+void TokenGroup::PublishUpTo(Request& r, TokenSlot& ts, int64_t limit) {
+  const int64_t bs = block_tokens();
+  const int64_t full = math_.Block(limit);
   for (int64_t j = ts.num_published; j < full; ++j) {
     const int32_t b = ts.table[static_cast<size_t>(j)];
     if (b != BlockPool::kNullBlock) core_.PublishBlock(pool(), b, Key(r, j), r, j * bs);
   }
   ts.num_published = std::max<int32_t>(ts.num_published, static_cast<int32_t>(full));
+}
+
+void TokenGroup::PublishAhead(Request& r, int64_t limit) {
+  TokenSlot& ts = slot_at(r.slot);
+  if (ts.evicted > 0 || limit < (int64_t{ts.num_published} + 1) * math_.tokens()) return;
+  ts.ahead_from = ts.num_published;
+  PublishUpTo(r, ts, limit);
+}
+
+bool TokenGroup::LentPast(const Request& r, int64_t limit, int64_t& block) const {
+  const TokenSlot& ts = slot_at(r.slot);
+  const BlockPool& bp = block_pool();
+  // The lender holds one reference; a fork shares no block the open step writes (Fork waits for
+  // Commit, and a shared partial block is copied before the step writes it).
+  for (int64_t j = std::max<int64_t>(ts.ahead_from, math_.Block(limit)); j < ts.num_published;
+       ++j) {
+    const int32_t b = ts.table[static_cast<size_t>(j)];
+    if (b != BlockPool::kNullBlock && bp.ref_count(b) > 1) {
+      block = j;
+      return true;
+    }
+  }
+  return false;
+}
+
+void TokenGroup::WithdrawAhead(Request& r, int64_t limit) {
+  TokenSlot& ts = slot_at(r.slot);
+  if (ts.ahead_from == TokenSlot::kNoAhead) return;
+  const int64_t cut = std::max<int64_t>(ts.ahead_from, math_.Block(limit));
+  BlockPool& bp = block_pool();
+  for (int64_t j = cut; j < ts.num_published; ++j) {
+    const int32_t b = ts.table[static_cast<size_t>(j)];
+    // Only the identity this request gave it: a block whose key was cached elsewhere got none.
+    if (b != BlockPool::kNullBlock && bp.has_identity(b) && bp.identity(b) == Key(r, j))
+      Must(bp.Unpublish(b));
+  }
+  ts.num_published = static_cast<int32_t>(std::min<int64_t>(ts.num_published, cut));
+  ts.ahead_from = TokenSlot::kNoAhead;
 }
 
 void TokenGroup::Truncate(Request& r, int64_t x, int64_t new_known) {

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <algorithm>
+#include <climits>
 #include <cstdint>
 #include <vector>
 
@@ -33,6 +34,10 @@ struct TokenSlot {
   // would otherwise probe its whole hit twice per step.
   std::vector<int32_t> found;
   uint64_t found_epoch = 0;
+  // ManagerConfig::publish_at_allocate: blocks [ahead_from, num_published) were published when
+  // the open step was allocated (kNoAhead: none).
+  static constexpr int32_t kNoAhead = INT32_MAX;
+  int32_t ahead_from = kNoAhead;
 
   void Clear() {
     table.clear();
@@ -41,6 +46,7 @@ struct TokenSlot {
     evicted = 0;
     dirty_from = 0;
     found.clear();
+    ahead_from = kNoAhead;
   }
   // The block holding leading block j's key, from `found` when it still stands.
   int32_t FoundOr(const BlockPool& bp, size_t j, const PrefixKey& key) const {
@@ -70,6 +76,9 @@ class TokenGroup : public GroupManager {
   void PlaceLoad(Request& r, int64_t index, int32_t block) override;
   void ApplyStep(Request& r, const StepPlan& s) override;
   void Commit(Request& r, int64_t computed, int64_t publish_limit) override;
+  void PublishAhead(Request& r, int64_t limit) override;
+  bool LentPast(const Request& r, int64_t limit, int64_t& block) const override;
+  void WithdrawAhead(Request& r, int64_t limit) override;
   void Truncate(Request& r, int64_t x, int64_t new_known) override;
   void Fork(const Request& parent, int32_t child_slot) override;
   void CollectForRelease(Request& r, std::vector<std::pair<int64_t, int32_t>>& out) override;
@@ -100,6 +109,8 @@ class TokenGroup : public GroupManager {
   // Whether a step from `begin` writes into a block it must copy first: `begin` is inside a
   // block that is shared or published (PlanStep counts it, ApplyStep makes it).
   bool CopyDue(const TokenSlot& ts, int64_t begin) const;
+  // Publishes the table's full blocks from num_published up to position `limit`.
+  void PublishUpTo(Request& r, TokenSlot& ts, int64_t limit);
 
   std::vector<TokenSlot> slots_;
   BlockMath math_;  // block_tokens(), for the per-step paths
@@ -177,7 +188,6 @@ class WindowGroup final : public TokenGroup {
   int64_t LookupBound(const Request& r, int64_t x, int64_t cap) override;
   int64_t TruncateBound(const Request& r, int64_t x, int64_t new_known) const override;
   void Commit(Request& r, int64_t computed, int64_t publish_limit) override;
-  void CollectForRelease(Request& r, std::vector<std::pair<int64_t, int32_t>>& out) override;
   void GiveBackBranch(Request& q, std::vector<GivenBack>& out) override;
   void RestoreGivenBack(const GivenBack& g) override;
 

@@ -107,6 +107,11 @@ void KvCacheManager::Impl::ReleaseTokenBlocksCoherently(Request& r) {
 }
 
 void KvCacheManager::Impl::FreeRequest(Request& r) {
+  // What an open step published at Allocate was never computed.
+  if (r.step_open) {
+    for (manager_internal::GroupManager* g : ahead_publishers)
+      g->WithdrawAhead(r, r.computed);
+  }
   if (config.coherent_eviction) ReleaseTokenBlocksCoherently(r);
   for (const auto& g : groups)
     g->Free(r);

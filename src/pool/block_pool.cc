@@ -380,6 +380,18 @@ Status BlockPool::Publish(int32_t block, const PrefixKey& key, const PublishOrig
   return Status::Ok();
 }
 
+Status BlockPool::Unpublish(int32_t block) {
+  if (!ValidBlock(block)) return BadBlock(block, "unpublish");
+  if (ref_[static_cast<size_t>(block)] == 0) {
+    return Status::FailedPrecondition(fmt::format(
+        "unpublish: block {} is free or dormant: only a held block's identity can be withdrawn "
+        "(a free one leaves by eviction)",
+        block));
+  }
+  DropIdentity(block);
+  return Status::Ok();
+}
+
 bool BlockPool::Store(int32_t b, const PrefixKey& key, const PublishOrigin& from) {
   const size_t i = static_cast<size_t>(b);
   if (index_.Emplace(key, b) >= 0) return false;

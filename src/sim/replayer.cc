@@ -213,6 +213,7 @@ Result<ReplayReport> Replay(const Trace& trace, const ManagerConfig& config,
   }
   ManagerConfig mc = config;
   mc.record_events = false;
+  mc.publish_at_allocate = o.publish_at_allocate;
   std::shared_ptr<FutureUse> future;
   if (o.oracle) {
     if (config.eviction_rank != nullptr) {

@@ -1,6 +1,7 @@
 // Generation through the managed, paged cache equals the dense no-cache reference: same greedy
 // tokens, logits within 1e-4, for scaled-down real attention models, under chunked prefill and
 // prefix hits.
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <string>
@@ -55,6 +56,67 @@ TEST_P(EngineExactness, ChunkedPrefillAndPrefixHitsMatchDense) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, EngineExactness, testing::kEngineModels, testing::ModelTestName);
+
+// A batched engine (EngineOptions::batched): two requests sharing a 24-token prefix are admitted
+// in one step, and the second is looked up after the first's step was allocated, before it ran.
+// With ManagerConfig::publish_at_allocate that step's blocks are already published, so the second
+// hits them - blocks computed in the same batch - where publishing at Commit leaves it nothing to
+// hit. Recurrent models publish at Commit regardless (a hit needs a state). Every logit equals
+// dense, with freed blocks poisoned.
+class BatchedSteps : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(BatchedSteps, ARequestHitsBlocksAnEarlierOneComputesInTheSameBatch) {
+  const ModelSpec spec = testing::LoadScaled(GetParam());
+  const ModelWeights weights = ModelWeights::Random(spec, 97, 1);
+  PlanOptions po;
+  po.memory_bytes = int64_t{4} << 20;
+  po.block_tokens = 4;
+  po.max_model_len = 256;
+  const Plan plan = MakePlan(spec, po).value();
+  const bool recurrent = std::any_of(plan.groups.begin(), plan.groups.end(),
+                                     [](const KvGroup& g) { return g.is_state(); });
+  std::vector<int32_t> a = Prompt(24, 1), b = a;
+  for (int32_t t : Prompt(5, 2))
+    a.push_back(t);
+  for (int32_t t : Prompt(7, 3))
+    b.push_back(t);
+  for (bool publish : {false, true}) {
+    ManagerConfig config = ManagerConfig::FromPlan(plan).value();
+    config.publish_at_allocate = publish;
+    EngineOptions eo;
+    eo.batched = true;
+    eo.chunk = 16;
+    eo.poison_free_blocks = true;
+    auto engine = Engine::Create(spec, weights, plan, config, eo);
+    ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+    for (RequestId id : {1, 2}) {
+      GenerationRequest r;
+      r.id = id;
+      r.prompt = id == 1 ? a : b;
+      r.max_new_tokens = 5;
+      ASSERT_TRUE((*engine)->Submit(r).ok());
+    }
+    ASSERT_TRUE((*engine)->Step().ok());
+    // The first step computes 16 tokens of each: the second's hit is the first's 16.
+    EXPECT_EQ((*engine)->counters().prefix_hit_tokens, publish && !recurrent ? 16 : 0)
+        << (publish ? "publishing at Allocate" : "publishing at Commit");
+    for (int i = 0; i < 200 && !(*engine)->idle(); ++i)
+      ASSERT_TRUE((*engine)->Step().ok());
+    ASSERT_EQ((*engine)->finished().size(), 2u);
+    for (const Sequence& seq : (*engine)->finished()) {
+      const DenseCheck c = CheckAgainstDense(spec, weights, seq);
+      EXPECT_EQ(c.mismatches, 0) << "request " << seq.id << " max diff " << c.max_logit_diff;
+    }
+    EXPECT_TRUE((*engine)->manager().CheckInvariants().ok());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, BatchedSteps,
+                         ::testing::Values("meta-llama--Llama-3.1-8B", "google--gemma-2-9b",
+                                           "meta-llama--Llama-4-Scout-17B-16E-Instruct",
+                                           "deepseek-ai--DeepSeek-V2-Lite",
+                                           "google--gemma-3n-E4B-it", "ibm-ai-platform--Bamba-9B"),
+                         testing::ModelTestName);
 
 TEST(TinyModel, KeepsMlaCrossAttentionAndKvSharedLayers) {
   const ModelSpec mla = testing::LoadScaled("deepseek-ai--DeepSeek-V2-Lite");

@@ -287,6 +287,34 @@ TEST(Engine, AnyEvictionOrderStaysExact) {
   }
 }
 
+// Batched steps with publishing at Allocate (VerifyOptions::batched), as the simulator models
+// vLLM's engine: each step allocates every scheduled request, then runs them in order; requests
+// admitted together share system prompts, so later ones hit blocks earlier ones compute in the
+// same batch. Every logit still equals dense, with freed blocks poisoned, drafts, forks and
+// preemptions as in every verify run.
+TEST(Engine, BatchedStepsPublishingAtAllocateStayExact) {
+  LoadOptions load{DType::kFP32, DType::kFP32, DType::kFP32};
+  const uint64_t seeds = testing::kSanitized ? 1 : 4;
+  for (const char* name :
+       {"meta-llama--Llama-3.1-8B", "google--gemma-2-9b", "openai--gpt-oss-20b",
+        "meta-llama--Llama-4-Scout-17B-16E-Instruct", "ibm-ai-platform--Bamba-9B"}) {
+    auto real = LoadModelConfig(std::string(HKV_MODELS_DIR) + "/" + name, load);
+    ASSERT_TRUE(real.ok()) << real.status().ToString();
+    int64_t hits = 0;
+    for (uint64_t seed = 1; seed <= seeds; ++seed) {
+      VerifyOptions o;
+      o.seed = seed;
+      o.batched = true;
+      auto r = RunVerify(*real, o);
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      EXPECT_TRUE(r->completed) << name << " seed " << seed;
+      EXPECT_EQ(r->mismatches, 0) << name << " seed " << seed;
+      hits += r->features.prefix_hit_tokens;
+    }
+    EXPECT_GT(hits, 0) << name;
+  }
+}
+
 TEST(Engine, RejectsBadRequestsWithoutQueueingThem) {
   LoadOptions load{DType::kFP32, DType::kFP32, DType::kFP32};
   auto real = LoadModelConfig(std::string(HKV_MODELS_DIR) + "/meta-llama--Llama-3.1-8B", load);

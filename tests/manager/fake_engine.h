@@ -10,8 +10,12 @@
 //   p == 0 (the zero state, which the manager expresses as read == the null block). Encoder KV at
 //   encoder position e is a digest of (encoder input, adapter, salt, e).
 // - A step is: Allocate, then (at Run, for every open step in the order they were allocated, like
-//   one batched forward pass) apply the copies, write the encoder if asked, verify every position
-//   each group's rule needs before the step, then write the step's KV, snapshots and state.
+//   one batched forward pass) apply the copies, write the encoder if asked, verify the state each
+//   step reads, write the steps' KV, verify every position each group's rule needs before each
+//   step, then write the snapshots and states. KV is written before it is read, as a forward pass
+//   writes a layer's KV for the whole batch before its attention reads any (what lets a request
+//   hit blocks another computes in the same batch, ManagerConfig::publish_at_allocate); a state
+//   is read before any is written, as no recurrent layer can read a state the same pass makes.
 // So any block the manager shares, reuses, evicts, copies or rolls back wrongly ends up read with
 // a digest other than the one the reading request expects.
 //
@@ -286,9 +290,13 @@ class FakeEngine {
     for (Seq* q : batch)
       if (q->step->run_encoder) WriteEncoder(*q);
     for (Seq* q : batch)
-      VerifyStep(*q);
+      VerifyStates(*q);
     for (Seq* q : batch)
-      WriteStep(*q);
+      WriteTokens(*q);
+    for (Seq* q : batch)
+      VerifyTokens(*q, q->step->begin, q->step->tables, "step");
+    for (Seq* q : batch)
+      WriteStates(*q);
     for (Seq* q : batch) {
       q->step->executed = true;
       ++counters_.steps;
@@ -335,6 +343,9 @@ class FakeEngine {
       for (const StateCapture& sc : q->step->states)
         if (sc.is_state && sc.read != 0 && sc.read == sc.write) e = Expect::kEither;
     }
+    // Blocks the step published at Allocate that another request hit cannot be taken back.
+    if (e == Expect::kOk && cfg_.publish_at_allocate && computed < q->step->end)
+      e = Expect::kEither;
     Before before = Snap();
     const Status s = m_.Commit(id, computed);
     Log("commit " + Id(id) + " " + std::to_string(computed), s);
@@ -454,12 +465,14 @@ class FakeEngine {
   }
 
   Status Free(RequestId id) {
-    const Expect e = Find(id) == nullptr ? Expect::kFail : Expect::kOk;
+    Expect e = Find(id) == nullptr ? Expect::kFail : Expect::kOk;
+    // Nor can an open step's, by freeing the request before it commits.
+    if (e == Expect::kOk && cfg_.publish_at_allocate && Find(id)->step) e = Expect::kEither;
     Before before = Snap();
     const Status s = m_.Free(id);
     Log("free " + Id(id), s);
     if (After("Free", s, e, before)) {
-      CheckReleaseOrder("Free", before, Find(id)->spec.retention, cfg_.coherent_eviction);
+      CheckReleaseOrder("Free", before, Find(id)->spec.retention);
       seqs_.erase(id);
       pending_.erase(std::remove(pending_.begin(), pending_.end(), id), pending_.end());
     }
@@ -1064,9 +1077,8 @@ class FakeEngine {
     return true;
   }
 
-  void VerifyStep(Seq& q) {
+  void VerifyStates(Seq& q) {
     OpenStep& st = *q.step;
-    VerifyTokens(q, st.begin, st.tables, "step");
     for (size_t gi = 0; gi < st.states.size(); ++gi) {
       const StateCapture& sc = st.states[gi];
       if (!sc.is_state) continue;
@@ -1086,17 +1098,23 @@ class FakeEngine {
     }
   }
 
-  void WriteStep(Seq& q) {
+  void WriteStates(Seq& q) {
     OpenStep& st = *q.step;
     for (size_t gi = 0; gi < cfg_.groups.size(); ++gi) {
       const int32_t group = static_cast<int32_t>(gi);
       const StateCapture& sc = st.states[gi];
-      if (sc.is_state) {
-        for (const StateSnapshot& s : sc.snapshots)
-          Write(group, s.slot, 0, StateContent(q, s.position), {q.spec.id, s.position, 's'});
-        Write(group, sc.write, 0, StateContent(q, st.end), {q.spec.id, st.end, 's'});
-        continue;
-      }
+      if (!sc.is_state) continue;
+      for (const StateSnapshot& s : sc.snapshots)
+        Write(group, s.slot, 0, StateContent(q, s.position), {q.spec.id, s.position, 's'});
+      Write(group, sc.write, 0, StateContent(q, st.end), {q.spec.id, st.end, 's'});
+    }
+  }
+
+  void WriteTokens(Seq& q) {
+    OpenStep& st = *q.step;
+    for (size_t gi = 0; gi < cfg_.groups.size(); ++gi) {
+      const int32_t group = static_cast<int32_t>(gi);
+      if (st.states[gi].is_state) continue;
       const int32_t bt = cfg_.groups[gi].block_tokens;
       const std::vector<int64_t>& slots = st.write_slots[gi];
       for (size_t i = 0; i < slots.size(); ++i) {
@@ -1133,9 +1151,9 @@ class FakeEngine {
   // ---- Call bookkeeping -----------------------------------------------------------------------
 
   // Blocks that calls only release go to the free list's head when they have no prefix identity
-  // (or the request has low retention) and to its tail otherwise; what was free stays in order,
-  // except that Free with coherent eviction may take cached free blocks (the window blocks the
-  // request released earlier) out of the list and release them again with the rest.
+  // (or the request has low retention) and to its tail otherwise; what was free stays in order
+  // (Free with coherent eviction too: the window blocks a request released earlier keep their
+  // places).
   bool CheckpointsDemotable(int32_t pool) const {
     if (!cfg_.demote_superseded_checkpoints || !cfg_.enable_prefix_caching) return false;
     bool state = false;
@@ -1147,8 +1165,7 @@ class FakeEngine {
     return state;
   }
 
-  void CheckReleaseOrder(const char* call, const Before& before, Retention retention,
-                         bool requeue_allowed = false) {
+  void CheckReleaseOrder(const char* call, const Before& before, Retention retention) {
     if (!cfg_.record_events) return;  // identities are known from the events only
     // A caller's eviction rank queues released blocks by rank, not at the ends this model
     // replays; block_pool_rank_test checks that order exactly, and data checks still apply.
@@ -1178,37 +1195,24 @@ class FakeEngine {
         }
         return "";
       };
-      // The old list, less the blocks Free may requeue, must survive as one run [mid, tail).
-      // Which blocks were requeued is not observable, so every reading is tried: the run starts
-      // at old[first] (old[0, first) requeued), or the run is empty.
-      const size_t split =
-          static_cast<size_t>(std::find_if(now.begin(), now.end(), to_tail) - now.begin());
-      std::string why = old.empty() ? misplaced(split, split) : "";
-      bool placed = old.empty() && why.empty();
-      for (size_t first = 0; first < old.size() && !placed; ++first) {
-        if (first > 0 && !(requeue_allowed && cached(old[first - 1]))) break;
-        size_t mid = now.size();
-        for (size_t i = 0; i < now.size(); ++i) {
-          if (now[i] == old[first]) mid = i;
-        }
-        if (mid == now.size()) break;
+      // The old list must survive as one run [mid, tail), or be empty.
+      std::string why;
+      bool placed = false;
+      if (old.empty()) {
+        const size_t split =
+            static_cast<size_t>(std::find_if(now.begin(), now.end(), to_tail) - now.begin());
+        why = misplaced(split, split);
+        placed = why.empty();
+      } else {
+        const size_t mid =
+            static_cast<size_t>(std::find(now.begin(), now.end(), old[0]) - now.begin());
         size_t tail = mid;
-        bool run = true;
-        for (size_t k = first; k < old.size() && run; ++k) {
-          if (tail < now.size() && now[tail] == old[k]) {
-            ++tail;
-          } else {
-            run = requeue_allowed && cached(old[k]);
-          }
+        while (tail < now.size() && tail - mid < old.size() && now[tail] == old[tail - mid])
+          ++tail;
+        if (mid < now.size() && tail - mid == old.size()) {
+          why = misplaced(mid, tail);
+          placed = why.empty();
         }
-        if (!run) continue;
-        const std::string w = misplaced(mid, tail);
-        if (w.empty()) placed = true;
-        if (why.empty()) why = w;
-      }
-      if (!placed && requeue_allowed && !old.empty() &&
-          std::all_of(old.begin(), old.end(), cached) && misplaced(split, split).empty()) {
-        placed = true;
       }
       if (!placed)
         Violation(why.empty() ? where + " reordered blocks that were already free" : why);

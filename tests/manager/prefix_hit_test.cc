@@ -292,21 +292,19 @@ int64_t HitAfterEvicting(bool coherent, int32_t evict) {
   return d.Lookup(2).tokens;
 }
 
-TEST(PrefixHit, CoherentEvictionShortensAHitBlockByBlockAcrossGroups) {
-  // Free requeues the window's released blocks and releases both groups tail first by position:
-  // the list is [partial window, partial full, w7, f7, w6, f6, ...]. Each evicted pair of blocks
-  // shortens the hit by one block, and the window before the shorter hit is still there.
-  EXPECT_EQ(HitAfterEvicting(true, 2), 32);
-  EXPECT_EQ(HitAfterEvicting(true, 6), 24);
-  EXPECT_EQ(HitAfterEvicting(true, 10), 16);
-  EXPECT_EQ(HitAfterEvicting(true, 14), 8);
-  // vLLM's order keeps the early-released window blocks first in line and frees group by group
-  // ([partials, w5..w0, w7, w6, f7..f0]): the full hit survives while the head of the window
-  // goes, then the last window goes and nothing is left that a hit could use, although all the
-  // full-attention blocks are still cached.
-  EXPECT_EQ(HitAfterEvicting(false, 6), 32);
-  EXPECT_EQ(HitAfterEvicting(false, 10), 0);
-  EXPECT_EQ(HitAfterEvicting(false, 14), 0);
+TEST(PrefixHit, TheWholeHitOutlivesTheWindowBlocksReleasedMidway) {
+  // The window released blocks 0..5 when they left it; they keep their places at the front of
+  // the free list, behind the blocks without identity. Free then releases the rest tail first:
+  // coherently [partials, w5..w0, w7, f7, w6, f6, f5, ..., f0], in vLLM's order
+  // [partials, w5..w0, w7, w6, f7, ..., f0]. Either way the hit at the request's end - what its
+  // next turn needs - outlives every block only a hit in the middle would use, and once its last
+  // window goes nothing is left to hit.
+  for (bool coherent : {true, false}) {
+    EXPECT_EQ(HitAfterEvicting(coherent, 2), 32) << coherent;
+    EXPECT_EQ(HitAfterEvicting(coherent, 6), 32) << coherent;
+    EXPECT_EQ(HitAfterEvicting(coherent, 8), 32) << coherent;
+    EXPECT_EQ(HitAfterEvicting(coherent, 10), 0) << coherent;
+  }
 }
 
 TEST(PrefixHit, DivergenceFromACachedPrefixLeavesACheckpointForTheNext) {

@@ -206,6 +206,9 @@ TEST_P(StepLoopOverFakeEngine, ReadsExactlyWhatWasWrittenAndMatchesReplay) {
 
   ManagerConfig checked = config;
   checked.record_events = true;  // the fake engine checks the release order through the events
+  // As the replay runs it: a request admitted in a step hits what an earlier one computes in it,
+  // and the fake engine's batch writes KV before it reads any.
+  checked.publish_at_allocate = o.publish_at_allocate;
   KvCacheManager manager = KvCacheManager::Create(checked).value();
   testing::FakeEngine engine(manager);
   FakeDriven driven(engine, manager);

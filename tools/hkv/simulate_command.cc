@@ -60,6 +60,7 @@ Result<Inputs> Prepare(const SimulateArgs& args) {
   in.replay.record_steps = !args.csv_dir.empty() || !args.plot.empty();
   in.replay.record_requests = !args.requests_csv_dir.empty();
   in.replay.compact = !args.no_compact;
+  in.replay.publish_at_allocate = !args.publish_at_commit;
   in.vllm.memory_bytes = in.alloc.memory_bytes;
   in.vllm.block_size = args.block_tokens;
   in.vllm.max_model_len = args.max_model_len;
@@ -378,6 +379,10 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
   cmd->add_flag("--no-compact", args.no_compact,
                 "hkv modes with two-level memory: never compact (an engine that does not move "
                 "pages); by default they compact as the reference engine does");
+  cmd->add_flag("--publish-at-commit", args.publish_at_commit,
+                "hkv modes: publish a step's blocks when it is committed, not when it is allocated "
+                "(an engine that runs its requests one after another; by default a request "
+                "admitted in a step hits what an earlier one computes in it, as in vLLM)");
   cmd->add_option("--vllm-policy", args.vllm_policy,
                   "vllm mode: which free block vLLM's manager evicts next: vllm (its own order) "
                   "or hybridkv (blocks without identity and superseded recurrent states first; "

@@ -36,8 +36,9 @@ struct SimulateArgs {
   std::string csv_dir;
   std::string requests_csv_dir;
   std::string plot;
-  bool no_compact = false;   // hkv modes: an engine that never moves pages (CompactionDue off)
-  bool no_coverage = false;  // hkv modes: ManagerConfig::evict_uncovered off
+  bool no_compact = false;  // hkv modes: an engine that never moves pages (CompactionDue off)
+  bool publish_at_commit = false;    // hkv modes: ManagerConfig::publish_at_allocate off
+  bool no_coverage = false;          // hkv modes: ManagerConfig::evict_uncovered off
   bool prompt_checkpoints = false;   // hkv modes: ManagerConfig::prompt_checkpoints on
   int64_t rolling_stride = -1;       // hkv modes: rolling_stride_after_give_back; -1: the mode's
   std::string vllm_policy = "vllm";  // vllm mode: vLLM's eviction order, or "hybridkv"

@@ -85,6 +85,15 @@ struct EngineOptions {
   bool poison_free_blocks = false;
   // Two-level plans: compact stranded memory between steps (see the contract above).
   bool compact = false;
+  // Each step as one batch, the way an engine with one forward pass over all its requests runs
+  // it: every scheduled request is allocated first (in order, looked up right before), then
+  // every step runs, in the same order, and commits. A step's KV is written before any later
+  // step of the batch reads it, so with ManagerConfig::publish_at_allocate a request admitted
+  // after another in the same step hits the blocks that one computes in it. A step's copies
+  // (copy-on-write) are made when it is allocated, before a later allocation can reuse their
+  // sources; tier stores (offload) wait until the batch has run. false: each request is
+  // allocated, run and committed before the next is looked up.
+  bool batched = false;
   // Sparse-KV policies (above); none: every token is kept. Not with draft tokens (a request that
   // evicted cannot be truncated).
   std::optional<SparseKvOptions> sparse;

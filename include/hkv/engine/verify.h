@@ -39,6 +39,10 @@ struct VerifyOptions {
   int64_t memory_bytes = 0;  // 0: about three of the workload's longest sequences
   int32_t block_tokens = 4;
   bool compact = true;  // the engine compacts stranded two-level memory (EngineOptions::compact)
+  // Each step runs as one batch (EngineOptions::batched) and the manager publishes what a step
+  // completes when it is allocated (ManagerConfig::publish_at_allocate): requests admitted in
+  // one step hit the blocks an earlier one computes in it.
+  bool batched = false;
   bool prompt_checkpoints = true;  // ManagerConfig::prompt_checkpoints
   // ManagerConfig::rolling_stride_after_give_back, rounded up to the scaled model's alignment.
   int64_t rolling_stride_after_give_back = 0;

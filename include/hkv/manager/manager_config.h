@@ -89,13 +89,23 @@ struct ManagerConfig {
   bool enable_prefix_caching = true;
   bool drop_last_hit_block = false;  // speculative decoding (EAGLE/MTP): hits end one unit early
   // Free releases the token blocks of all groups sharing a pool in one tail-first order by
-  // position, and takes back into that order the window/chunk blocks it released earlier that
-  // are still cached, so a finished request's prefix is evicted coherently across groups (what a
-  // hit needs) rather than one group at a time; and a request keeps the window/chunk blocks
-  // before its branch point (where its prefix branches from another request's) until it ends.
-  // false: vLLM's order (group by group, each tail first; released window blocks keep their
-  // earlier place).
+  // position, so a finished request's prefix is evicted coherently across groups (what a hit
+  // needs) rather than one group at a time; and a request keeps the window/chunk blocks before
+  // its branch point (where its prefix branches from another request's) until it ends. Window
+  // blocks released mid-way keep their earlier place either way. false: vLLM's order (group by
+  // group, each tail first).
   bool coherent_eviction = true;
+  // Allocate publishes the full blocks of known tokens that the step it opens completes, instead
+  // of Commit: a request looked up while that step is open - later in the same batch - hits
+  // them, as in vLLM, which caches blocks when it schedules them. For an engine that runs every
+  // step it opened as one batch, in which each layer writes the batch's KV before any of its
+  // attention reads (vLLM's forward pass; the reference engine's batched mode). Their `stored`
+  // events come at Allocate too, before the KV exists: a consumer that copies blocks on those
+  // events (a tier) waits until the step has run. A step whose blocks another request hit cannot
+  // be taken back: Commit short of them, or Free before Commit, is refused while that request
+  // holds them. Models with recurrent groups, and first steps loading external blocks, publish
+  // at Commit regardless (a hit there needs a state, which exists only once its step has run).
+  bool publish_at_allocate = false;
   // A model with recurrent and full-attention groups: attention blocks that no cached checkpoint
   // at or after them covers, and checkpoints whose attention prefix was evicted, can serve no hit
   // (a hit needs both), so they are demoted - evicted before anything a hit can use - as soon as

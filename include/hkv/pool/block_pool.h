@@ -97,6 +97,10 @@ class BlockPool {
   Status Publish(int32_t block, const PrefixKey& key, uint64_t origin, int64_t position = -1) {
     return Publish(block, key, PublishOrigin{origin, position, std::nullopt, 0});
   }
+  // Withdraws a held block's prefix identity (a `removed` event; nothing when it has none): what it
+  // was published for will not be computed after all. Errors (nothing changed): bad id, a free or
+  // dormant block.
+  Status Unpublish(int32_t block);
   // Drops one reference per listed block (a block may be listed as often as it is referenced).
   // Blocks that become free are queued for eviction in the order listed, at the tail or, with
   // Retention::kLow, at the head of the free list.

@@ -48,6 +48,11 @@ struct ReplayOptions {
   // hkv replays with two-level memory: compact between steps when CompactionDue says so, as the
   // reference engine does (its page copies are counted in ReplayReport::pages_moved).
   bool compact = true;
+  // hkv replays: the manager publishes a step's blocks when it is allocated
+  // (ManagerConfig::publish_at_allocate), as the engine this loop models - one forward pass over
+  // the step's requests, vLLM's - allows: a request admitted in a step hits the blocks an earlier
+  // one computes in it, as vLLM's own manager does. false: at Commit.
+  bool publish_at_allocate = true;
   // hkv replays: the `oracle` mode — every pool evicts by the trace's future (FutureUse, Belady's
   // rule) instead of by recency; the config's own eviction_rank must be unset.
   bool oracle = false;
