@@ -159,10 +159,10 @@ class GroupManager {
   // Returns the request to x (TruncateBound's fixed point established that it can).
   virtual void Truncate(Request& r, int64_t x, int64_t new_known) = 0;
   virtual void Fork(const Request& parent, int32_t child_slot) = 0;
-  // Coherent eviction: appends (end position, block) for every block the request holds, in
-  // rising positions, and forgets them. Blocks a window released mid-way keep their place in the
-  // eviction order: they serve only hits in the middle of the request, which are rarer than
-  // hits at its end (docs/manager.md, "Eviction").
+  // Coherent eviction: appends (end position, block) for every block the request holds (and, for
+  // a short request's window in a pool shared with full attention, every block it released
+  // mid-way that is still cached, which rejoins the order), in rising positions, and forgets
+  // them (docs/manager.md, "Eviction").
   virtual void CollectForRelease(Request& r, std::vector<std::pair<int64_t, int32_t>>& out);
   virtual void Free(Request& r) = 0;
   // FinishLoad(id, false): releases what the request's first Allocate took.

@@ -188,6 +188,7 @@ class WindowGroup final : public TokenGroup {
   int64_t LookupBound(const Request& r, int64_t x, int64_t cap) override;
   int64_t TruncateBound(const Request& r, int64_t x, int64_t new_known) const override;
   void Commit(Request& r, int64_t computed, int64_t publish_limit) override;
+  void CollectForRelease(Request& r, std::vector<std::pair<int64_t, int32_t>>& out) override;
   void GiveBackBranch(Request& q, std::vector<GivenBack>& out) override;
   void RestoreGivenBack(const GivenBack& g) override;
 
@@ -197,6 +198,9 @@ class WindowGroup final : public TokenGroup {
   // confirming round costs nothing instead of a whole window of probes.
   int64_t scanned_from_ = -1;
   int64_t found_ = 0;
+  // CollectForRelease: a request of at most this many spans takes its released blocks back.
+  static constexpr int64_t kTakeBackSpans = 3;
+  bool SharesPoolWithFullAttention() const;
 };
 
 }  // namespace hkv::manager_internal

@@ -79,6 +79,51 @@ void WindowGroup::Commit(Request& r, int64_t c, int64_t publish_limit) {
   core_.Release(pool(), to_release, r.retention);
 }
 
+void WindowGroup::CollectForRelease(Request& r, std::vector<std::pair<int64_t, int32_t>>& out) {
+  // The blocks released mid-way rejoin the order only where that pays: in a pool shared with full
+  // attention (so the order interleaves them with its blocks, and a tail evicted from it leaves a
+  // shorter hit with its window), for a request of at most kTakeBackSpans spans (so they are a
+  // small share of what it caches). Elsewhere they keep their earlier place: re-queued, every
+  // window of a long request was cached for hits in its middle, which a next turn does not make
+  // (docs/manager.md, "Eviction").
+  if (!SharesPoolWithFullAttention() ||
+      std::min(r.computed, r.known()) > kTakeBackSpans * config().rule.span) {
+    TokenGroup::CollectForRelease(r, out);
+    return;
+  }
+  TokenSlot& ts = slot_at(r.slot);
+  BlockPool& bp = block_pool();
+  const size_t published = std::min(ts.table.size(), static_cast<size_t>(ts.num_published));
+  const auto prefetch = [&](size_t j) {
+    if (j < published && ts.table[j] == BlockPool::kNullBlock)
+      bp.PrefetchFind(Key(r, static_cast<int64_t>(j)));
+  };
+  for (size_t j = 0; j < static_cast<size_t>(kFindAhead); ++j)
+    prefetch(j);
+  for (size_t j = 0; j < ts.table.size(); ++j) {
+    prefetch(j + static_cast<size_t>(kFindAhead));
+    int32_t b = ts.table[j];
+    if (b == BlockPool::kNullBlock && j < published) {
+      // Released when it left the window; if it is still cached and nobody holds it, it
+      // rejoins the eviction order at its position, next to the other groups' blocks.
+      const int32_t cached = bp.Find(Key(r, static_cast<int64_t>(j)));
+      if (cached <= BlockPool::kNullBlock || bp.ref_count(cached) != 0) continue;
+      core_.AcquireHeld(pool(), cached);
+      b = cached;
+    }
+    if (b != BlockPool::kNullBlock) {
+      out.emplace_back(static_cast<int64_t>(j + 1) * block_tokens(), b);
+    }
+  }
+  ts.table.clear();
+}
+
+bool WindowGroup::SharesPoolWithFullAttention() const {
+  for (const GroupConfig& gc : core_.config.groups)
+    if (gc.pool == pool() && gc.rule.kind == TokenRuleKind::kAll) return true;
+  return false;
+}
+
 void WindowGroup::GiveBackBranch(Request& q, std::vector<GivenBack>& out) {
   TokenSlot& ts = slot_at(q.slot);
   // What Commit kept: the branch's window below release_from and below what the request itself

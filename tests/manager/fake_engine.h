@@ -472,7 +472,7 @@ class FakeEngine {
     const Status s = m_.Free(id);
     Log("free " + Id(id), s);
     if (After("Free", s, e, before)) {
-      CheckReleaseOrder("Free", before, Find(id)->spec.retention);
+      CheckReleaseOrder("Free", before, Find(id)->spec.retention, cfg_.coherent_eviction);
       seqs_.erase(id);
       pending_.erase(std::remove(pending_.begin(), pending_.end(), id), pending_.end());
     }
@@ -1151,9 +1151,10 @@ class FakeEngine {
   // ---- Call bookkeeping -----------------------------------------------------------------------
 
   // Blocks that calls only release go to the free list's head when they have no prefix identity
-  // (or the request has low retention) and to its tail otherwise; what was free stays in order
-  // (Free with coherent eviction too: the window blocks a request released earlier keep their
-  // places).
+  // (or the request has low retention) and to its tail otherwise; what was free stays in order,
+  // except that Free with coherent eviction may take cached free blocks (the window blocks a short
+  // request released earlier, in a pool shared with full attention) out of the list and release
+  // them again with the rest.
   bool CheckpointsDemotable(int32_t pool) const {
     if (!cfg_.demote_superseded_checkpoints || !cfg_.enable_prefix_caching) return false;
     bool state = false;
@@ -1165,7 +1166,8 @@ class FakeEngine {
     return state;
   }
 
-  void CheckReleaseOrder(const char* call, const Before& before, Retention retention) {
+  void CheckReleaseOrder(const char* call, const Before& before, Retention retention,
+                         bool requeue_allowed = false) {
     if (!cfg_.record_events) return;  // identities are known from the events only
     // A caller's eviction rank queues released blocks by rank, not at the ends this model
     // replays; block_pool_rank_test checks that order exactly, and data checks still apply.
@@ -1195,24 +1197,37 @@ class FakeEngine {
         }
         return "";
       };
-      // The old list must survive as one run [mid, tail), or be empty.
-      std::string why;
-      bool placed = false;
-      if (old.empty()) {
-        const size_t split =
-            static_cast<size_t>(std::find_if(now.begin(), now.end(), to_tail) - now.begin());
-        why = misplaced(split, split);
-        placed = why.empty();
-      } else {
-        const size_t mid =
-            static_cast<size_t>(std::find(now.begin(), now.end(), old[0]) - now.begin());
-        size_t tail = mid;
-        while (tail < now.size() && tail - mid < old.size() && now[tail] == old[tail - mid])
-          ++tail;
-        if (mid < now.size() && tail - mid == old.size()) {
-          why = misplaced(mid, tail);
-          placed = why.empty();
+      // The old list, less the blocks Free may requeue, must survive as one run [mid, tail).
+      // Which blocks were requeued is not observable, so every reading is tried: the run starts
+      // at old[first] (old[0, first) requeued), or the run is empty.
+      const size_t split =
+          static_cast<size_t>(std::find_if(now.begin(), now.end(), to_tail) - now.begin());
+      std::string why = old.empty() ? misplaced(split, split) : "";
+      bool placed = old.empty() && why.empty();
+      for (size_t first = 0; first < old.size() && !placed; ++first) {
+        if (first > 0 && !(requeue_allowed && cached(old[first - 1]))) break;
+        size_t mid = now.size();
+        for (size_t i = 0; i < now.size(); ++i) {
+          if (now[i] == old[first]) mid = i;
         }
+        if (mid == now.size()) break;
+        size_t tail = mid;
+        bool run = true;
+        for (size_t k = first; k < old.size() && run; ++k) {
+          if (tail < now.size() && now[tail] == old[k]) {
+            ++tail;
+          } else {
+            run = requeue_allowed && cached(old[k]);
+          }
+        }
+        if (!run) continue;
+        const std::string w = misplaced(mid, tail);
+        if (w.empty()) placed = true;
+        if (why.empty()) why = w;
+      }
+      if (!placed && requeue_allowed && !old.empty() &&
+          std::all_of(old.begin(), old.end(), cached) && misplaced(split, split).empty()) {
+        placed = true;
       }
       if (!placed)
         Violation(why.empty() ? where + " reordered blocks that were already free" : why);

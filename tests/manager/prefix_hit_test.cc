@@ -275,11 +275,12 @@ TEST(PrefixHit, CrossAttentionEncoderBlocksAreShared) {
   EXPECT_EQ(d.m().stats().encoder_hits, 1);
 }
 
-// One pool shared by a window group (span 8) and full attention, both with 4-token blocks, sized
-// so that after the 33-token request is freed the free list holds exactly its 18 blocks. A
-// filler request of `evict` / 2 * 4 tokens then takes (evicts) `evict` blocks from the front.
-int64_t HitAfterEvicting(bool coherent, int32_t evict) {
-  ManagerConfig c = MakeConfig({19}, {Window(8, 4, 0), Full(4, 0)});
+// One pool shared by a window group (span 8 unless given) and full attention, both with 4-token
+// blocks, sized so that after the 33-token request is freed the free list holds exactly its 18
+// blocks. A filler request of `evict` / 2 * 4 tokens then takes (evicts) `evict` blocks from the
+// front.
+int64_t HitAfterEvicting(bool coherent, int32_t evict, int32_t span = 8) {
+  ManagerConfig c = MakeConfig({19}, {Window(span, 4, 0), Full(4, 0)});
   c.coherent_eviction = coherent;
   Driver d(c);
   d.Add(1, Seq(33));
@@ -293,8 +294,9 @@ int64_t HitAfterEvicting(bool coherent, int32_t evict) {
 }
 
 TEST(PrefixHit, TheWholeHitOutlivesTheWindowBlocksReleasedMidway) {
-  // The window released blocks 0..5 when they left it; they keep their places at the front of
-  // the free list, behind the blocks without identity. Free then releases the rest tail first:
+  // The 33-token request is four spans of its 8-token window, too long to take them back: the
+  // window released blocks 0..5 when they left it; they keep their places at the front of the
+  // free list, behind the blocks without identity. Free then releases the rest tail first:
   // coherently [partials, w5..w0, w7, f7, w6, f6, f5, ..., f0], in vLLM's order
   // [partials, w5..w0, w7, w6, f7, ..., f0]. Either way the hit at the request's end - what its
   // next turn needs - outlives every block only a hit in the middle would use, and once its last
@@ -305,6 +307,38 @@ TEST(PrefixHit, TheWholeHitOutlivesTheWindowBlocksReleasedMidway) {
     EXPECT_EQ(HitAfterEvicting(coherent, 8), 32) << coherent;
     EXPECT_EQ(HitAfterEvicting(coherent, 10), 0) << coherent;
   }
+}
+
+TEST(PrefixHit, AShortRequestsReleasedWindowRejoinsTheOrderSoAnEvictedTailShortensTheHit) {
+  // A 16-token window (four blocks) over the 33-token request, about two spans: at Free the
+  // blocks it released (0..3) are still cached, rejoin the coherent order, and the list is
+  // [partials, w7, f7, w6, f6, ..., w0, f0]: each evicted pair shortens the hit by one block and
+  // the window before the shorter hit is still there.
+  EXPECT_EQ(HitAfterEvicting(true, 2, 16), 32);
+  EXPECT_EQ(HitAfterEvicting(true, 4, 16), 28);
+  EXPECT_EQ(HitAfterEvicting(true, 6, 16), 24);
+  EXPECT_EQ(HitAfterEvicting(true, 10, 16), 16);
+  // vLLM's order leaves them first in line ([partials, w3..w0, w7..w4, f7..f0]): the whole hit
+  // survives them, and once the last window goes nothing is left to hit.
+  EXPECT_EQ(HitAfterEvicting(false, 6, 16), 32);
+  EXPECT_EQ(HitAfterEvicting(false, 8, 16), 0);
+}
+
+TEST(PrefixHit, AWindowInAPoolOfItsOwnKeepsItsReleasedBlocksInPlace) {
+  // The window alone in pool 0: coherent release has no full-attention block to interleave its
+  // blocks with, so those it released keep their places at the front of the list.
+  Driver d(MakeConfig({16, 64}, {Window(16, 4, 0), Full(4, 1)}));
+  d.Add(1, Seq(33));
+  d.Prefill(1);  // the window released its blocks 0..3
+  const auto before = ManagerProbe::FreeListOrder(d.m(), 0);
+  const auto released = d.Table(1, 0);
+  d.Free(1);
+  const auto after = ManagerProbe::FreeListOrder(d.m(), 0);
+  ASSERT_GE(after.size(), before.size());
+  // Every block that was free stays where it was, ahead of what Free released to the tail.
+  const auto at = std::search(after.begin(), after.end(), before.begin(), before.end());
+  EXPECT_NE(at, after.end());
+  EXPECT_EQ(released[0], 0);  // block 0 had left the table
 }
 
 TEST(PrefixHit, DivergenceFromACachedPrefixLeavesACheckpointForTheNext) {

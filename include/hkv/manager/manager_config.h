@@ -92,8 +92,9 @@ struct ManagerConfig {
   // position, so a finished request's prefix is evicted coherently across groups (what a hit
   // needs) rather than one group at a time; and a request keeps the window/chunk blocks before
   // its branch point (where its prefix branches from another request's) until it ends. Window
-  // blocks released mid-way keep their earlier place either way. false: vLLM's order (group by
-  // group, each tail first).
+  // blocks released mid-way keep their earlier place, except a short request's (at most three
+  // spans) in a pool shared with full attention, which rejoin the order so that a tail evicted
+  // from it leaves a shorter hit. false: vLLM's order (group by group, each tail first).
   bool coherent_eviction = true;
   // Allocate publishes the full blocks of known tokens that the step it opens completes, instead
   // of Commit: a request looked up while that step is open - later in the same batch - hits
