@@ -217,13 +217,13 @@ Status KvCacheManager::Impl::CheckLent(const Request& r, int64_t limit, const ch
   for (const manager_internal::GroupManager* g : ahead_publishers) {
     int64_t block = 0;
     if (g->LentPast(r, limit, block)) {
+      const int64_t upto = (block + 1) * g->config().block_tokens;
       return Status::FailedPrecondition(fmt::format(
           "{}: request {}: block {} of group {} (positions up to {}) was published when its open "
           "step [{}, {}) was allocated, and another request's hit holds it; that request reads "
           "it in the same batch, so the step must be committed at least to {} (or that request "
           "freed first)",
-          call, r.id, block, g->group(), (block + 1) * g->config().block_tokens, r.step_begin,
-          r.step_end, (block + 1) * g->config().block_tokens));
+          call, r.id, block, g->group(), upto, r.step_begin, r.step_end, upto));
     }
   }
   return Status::Ok();

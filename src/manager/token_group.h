@@ -180,7 +180,7 @@ class FullAttentionGroup final : public TokenGroup {
 // point until the request ends (giving them back first when memory is short).
 class WindowGroup final : public TokenGroup {
  public:
-  using TokenGroup::TokenGroup;
+  WindowGroup(CacheCore& core, int32_t group);
 
   NeededBlocks Needed(int64_t x) const override;
   void BeginSearch() override { scanned_from_ = -1; }
@@ -200,7 +200,8 @@ class WindowGroup final : public TokenGroup {
   int64_t found_ = 0;
   // CollectForRelease: a request of at most this many spans takes its released blocks back.
   static constexpr int64_t kTakeBackSpans = 3;
-  bool SharesPoolWithFullAttention() const;
+  // Whether a full-attention group draws from this group's pool; fixed by the config.
+  const bool shares_pool_with_full_attention_;
 };
 
 }  // namespace hkv::manager_internal

@@ -7,6 +7,20 @@
 
 namespace hkv::manager_internal {
 
+namespace {
+
+bool FullAttentionInPool(const ManagerConfig& config, int32_t pool) {
+  for (const GroupConfig& gc : config.groups)
+    if (gc.pool == pool && gc.rule.kind == TokenRuleKind::kAll) return true;
+  return false;
+}
+
+}  // namespace
+
+WindowGroup::WindowGroup(CacheCore& core, int32_t group)
+    : TokenGroup(core, group),
+      shares_pool_with_full_attention_(FullAttentionInPool(core.config, pool())) {}
+
 NeededBlocks WindowGroup::Needed(int64_t x) const {
   const TokenRule& rule = config().rule;
   NeededBlocks n;
@@ -86,7 +100,7 @@ void WindowGroup::CollectForRelease(Request& r, std::vector<std::pair<int64_t, i
   // small share of what it caches). Elsewhere they keep their earlier place: re-queued, every
   // window of a long request was cached for hits in its middle, which a next turn does not make
   // (docs/manager.md, "Eviction").
-  if (!SharesPoolWithFullAttention() ||
+  if (!shares_pool_with_full_attention_ ||
       std::min(r.computed, r.known()) > kTakeBackSpans * config().rule.span) {
     TokenGroup::CollectForRelease(r, out);
     return;
@@ -116,12 +130,6 @@ void WindowGroup::CollectForRelease(Request& r, std::vector<std::pair<int64_t, i
     }
   }
   ts.table.clear();
-}
-
-bool WindowGroup::SharesPoolWithFullAttention() const {
-  for (const GroupConfig& gc : core_.config.groups)
-    if (gc.pool == pool() && gc.rule.kind == TokenRuleKind::kAll) return true;
-  return false;
 }
 
 void WindowGroup::GiveBackBranch(Request& q, std::vector<GivenBack>& out) {

@@ -31,11 +31,16 @@ int64_t Removed(const std::vector<ManagerEvent>& events) {
                        [](const ManagerEvent& e) { return e.kind == KvEvent::Kind::kRemoved; });
 }
 
+// Request 1 opens a step over a 20-token prompt: blocks 0..4 (4 tokens each) complete in it.
+void OpenTwentyTokenStep(Driver& d) {
+  d.Add(1, Seq(20));
+  ASSERT_TRUE(d.m().Allocate(1, 20).ok());
+}
+
 TEST(PublishAtAllocate, ALaterRequestHitsTheOpenStepsBlocks) {
   for (bool on : {false, true}) {
     Driver d(Publishing(MakeConfig({64}, {Full(4)}), on));
-    d.Add(1, Seq(20));
-    ASSERT_TRUE(d.m().Allocate(1, 20).ok());  // blocks 0..4 complete in this step
+    ASSERT_NO_FATAL_FAILURE(OpenTwentyTokenStep(d));
     d.Add(2, Concat(Seq(20), Seq(6, 900)));
     // Published at Allocate: hit on all five; at Commit: nothing yet.
     EXPECT_EQ(d.Lookup(2).tokens, on ? 20 : 0) << on;
@@ -54,8 +59,7 @@ TEST(PublishAtAllocate, WindowsAndFullAttentionBothPublishTheStep) {
 
 TEST(PublishAtAllocate, ALentStepCannotBeCutShortOrFreedUntilTheBorrowerLetsGo) {
   Driver d(Publishing(MakeConfig({64}, {Full(4)})));
-  d.Add(1, Seq(20));
-  ASSERT_TRUE(d.m().Allocate(1, 20).ok());
+  ASSERT_NO_FATAL_FAILURE(OpenTwentyTokenStep(d));
   d.Add(2, Concat(Seq(12), Seq(6, 900)));
   const PrefixHit hit = d.Lookup(2);
   ASSERT_EQ(hit.tokens, 12);
@@ -88,8 +92,7 @@ TEST(PublishAtAllocate, ALentStepCannotBeCutShortOrFreedUntilTheBorrowerLetsGo) 
 
 TEST(PublishAtAllocate, FreeingAnOpenStepWithdrawsWhatItPublished) {
   Driver d(Publishing(MakeConfig({64}, {Full(4)})));
-  d.Add(1, Seq(20));
-  ASSERT_TRUE(d.m().Allocate(1, 20).ok());
+  ASSERT_NO_FATAL_FAILURE(OpenTwentyTokenStep(d));
   EXPECT_EQ(d.m().Usage(0).num_cached, 5);
   d.m().TakeEvents();
   d.Free(1);
@@ -101,8 +104,7 @@ TEST(PublishAtAllocate, FreeingAnOpenStepWithdrawsWhatItPublished) {
 
 TEST(PublishAtAllocate, ACommittedStepKeepsItsBlocksAndCommitsNothingTwice) {
   Driver d(Publishing(MakeConfig({64}, {Full(4)})));
-  d.Add(1, Seq(20));
-  ASSERT_TRUE(d.m().Allocate(1, 20).ok());
+  ASSERT_NO_FATAL_FAILURE(OpenTwentyTokenStep(d));
   const auto at_allocate = d.m().TakeEvents();
   EXPECT_EQ(at_allocate.size(), 5u);  // five stored events, before the step ran
   ASSERT_TRUE(d.m().Commit(1, 20).ok());
