@@ -86,14 +86,16 @@ int32_t SlabArena::FirstUnkept(const BlockPool& pool, int32_t seg) const {
 }
 
 int32_t SlabArena::Donor(std::span<BlockPool> pools, std::span<const int64_t> need, size_t p,
-                         int32_t& from, uint64_t& age) const {
+                         bool sparing, int32_t& from, uint64_t& age) const {
   int32_t best = -1;
   uint64_t best_tick = 0;
   for (size_t q = 0; q < pools.size(); ++q) {
     if (q == p) continue;
     const BlockPool& bq = pools[q];
     if (Spare(pools, q, need[q]) < 1) continue;
-    const int32_t plain = FirstUnkept(bq, bq.OldestEmptyUncached());
+    // A whole-slab class's uncaching page is its running requests' churn (see the header).
+    const bool churn = sparing && pages_per_slab_[q] == 1;
+    const int32_t plain = churn ? -1 : FirstUnkept(bq, bq.OldestEmptyUncached());
     if (plain >= 0) {
       // A slab caching nothing costs its class nothing while the class's other uncached pages
       // still cover its need; otherwise the class will evict its least recently freed cached
@@ -216,7 +218,7 @@ Status SlabArena::ReserveKeeping(std::span<BlockPool> pools, std::span<const int
       int32_t from = -1;
       uint64_t age = 0;
       const int32_t slab =
-          unassigned_.empty() ? Donor(pools, need, p, from, age) : unassigned_.back();
+          unassigned_.empty() ? Donor(pools, need, p, false, from, age) : unassigned_.back();
       if (slab < 0) std::abort();  // the feasibility check guaranteed a slab
       Move(pools, slab, from, p);
     }
@@ -246,7 +248,7 @@ Status SlabArena::ReserveKeeping(std::span<BlockPool> pools, std::span<const int
         from = -1;
       } else {
         if (!looked) {
-          donor = Donor(pools, need, p, from, age);
+          donor = Donor(pools, need, p, true, from, age);
           plain_donor = donor >= 0 && pools[static_cast<size_t>(from)].segment_cached(donor) == 0;
           looked = true;
         }

@@ -444,11 +444,22 @@ TEST(SlabArenaTest, AnUncachingSlabItsClassStillNeedsIsNotTakenFromIt) {
   EXPECT_EQ(m.pools[0].Find(Key(1)), checkpoint);
   EXPECT_EQ(m.arena.owner(m.pools[0].segment_of(empty)), 0);
 
-  // Once the class has an uncached page beyond its need, its empty slab is free to take again.
+  // The class now has an uncached page beyond its need, but that page is a state its running
+  // requests churn through: the other class, which could spare it only its own (demoted) cached
+  // pages, evicts those instead of taking the slab.
   ASSERT_TRUE(m.pools[0].Free(next[0], Retention::kLow).ok());
   ASSERT_TRUE(m.pools[1].Free(next[1], Retention::kLow).ok());
   std::vector<std::vector<int32_t>> third;
   ASSERT_TRUE(m.Take({0, 4}, third).ok());
+  m.Check();
+  EXPECT_EQ(m.arena.owner(m.pools[0].segment_of(empty)), 0);
+  EXPECT_EQ(m.pools[1].num_owned(), 4);
+  EXPECT_EQ(m.pools[0].Find(Key(1)), checkpoint);
+
+  // Short of pages, the other class takes it: a deficit is met from any slab its class can spare.
+  ASSERT_TRUE(m.pools[1].Free(third[1], Retention::kLow).ok());
+  std::vector<std::vector<int32_t>> fourth;
+  ASSERT_TRUE(m.Take({0, 8}, fourth).ok());
   m.Check();
   EXPECT_EQ(m.arena.owner(m.pools[0].segment_of(empty)), 1);
   EXPECT_EQ(m.pools[0].Find(Key(1)), checkpoint);

@@ -21,7 +21,14 @@
 //   age 0) a class evicts its own. An uncaching slab is free to take only while its class's other
 //   uncached pages still cover that class's need; otherwise taking it makes the class evict its
 //   least recently freed cached page, and the slab counts as that old (so a slab a class was
-//   just given for its need is never taken back in the same call).
+//   just given for its need is never taken back in the same call). Except a whole-slab class's
+//   uncaching page (a recurrent state no request holds): another class takes it only when short
+//   of pages (the deficit), never to spare its own cached pages. Such a page is the churn of the
+//   class's running requests (a state is written to a fresh page at every published or kept
+//   position), which need it again within a step or two; taken, it makes the class evict a cached
+//   state (a whole slab of cache) to save the taker a slab's worth of its oldest cached pages, and
+//   the taker's slabs rarely come back whole (its held pages scatter over them). Measured in
+//   docs/manager.md ("Which class gives a slab up").
 // - Arenas where some class's page is a whole slab (a recurrent state) pack: each pool reuses its
 //   worthless pages (no identity, or demoted) segment by segment (BlockPool::set_pack_segments),
 //   so a class's held pages gather in few slabs and the others can empty whole.
@@ -112,9 +119,10 @@ class SlabArena {
   void Move(std::span<BlockPool> pools, int32_t slab, int32_t from, size_t p);
   // A slab some other pool (`from`) can give p without dropping below its need: an uncaching
   // one first (age 0), else the oldest-emptied cached one (age: when it emptied); never a kept
-  // one. -1: none.
-  int32_t Donor(std::span<BlockPool> pools, std::span<const int64_t> need, size_t p, int32_t& from,
-                uint64_t& age) const;
+  // one. -1: none. `sparing`: p is not short, only about to evict its own cached pages, and a
+  // whole-slab class's uncaching page is not offered.
+  int32_t Donor(std::span<BlockPool> pools, std::span<const int64_t> need, size_t p, bool sparing,
+                int32_t& from, uint64_t& age) const;
   int32_t FirstUnkept(const BlockPool& pool, int32_t segment) const;
 
   Status CheckShapes(std::span<const BlockPool> pools, const char* call) const;
