@@ -279,15 +279,19 @@ Status Engine::Impl::MaybeCompact() {
     return Status::Ok();
   }
   // Classes not due keep their cached pages: only the due ones are compacted.
-  const bool due = CompactionDue(*manager_, refused_since_compaction_, compact_limits_);
+  int32_t for_pool = -1;
+  const bool due = CompactionDue(*manager_, refused_since_compaction_, compact_limits_, for_pool);
   refused_since_compaction_ = false;
   if (!due) return Status::Ok();
-  HKV_ASSIGN_OR_RETURN(const CompactionResult r, manager_->Compact(compact_limits_));
+  HKV_ASSIGN_OR_RETURN(const CompactionResult r,
+                       for_pool >= 0 ? manager_->CompactFor(for_pool, compact_limits_)
+                                     : manager_->Compact(compact_limits_));
   cache_.ApplyMoves(r.moves);
   HKV_RETURN_IF_ERROR(AfterManagerCall());
   counters_.compactions += r.slabs.empty() ? 0 : 1;
   counters_.pages_moved += static_cast<int64_t>(r.moves.size());
   counters_.slabs_compacted += static_cast<int64_t>(r.slabs.size());
+  counters_.compactions_for_states += for_pool >= 0 && !r.slabs.empty() ? 1 : 0;
   return Status::Ok();
 }
 

@@ -21,7 +21,31 @@ Result<CompactionResult> KvCacheManager::Compact(std::span<const int64_t> max_sl
   return out;
 }
 
-Result<CompactionResult> KvCacheManager::Impl::Compact(std::span<const int64_t> max_slabs) {
+Result<CompactionResult> KvCacheManager::CompactFor(int32_t pool,
+                                                    std::span<const int64_t> max_slabs_per_class) {
+  if (pool < 0 || static_cast<size_t>(pool) >= impl_->core.pools.size()) {
+    return Status::InvalidArgument(
+        fmt::format("compact for class {}: expected 0 to {}", pool, impl_->core.pools.size() - 1));
+  }
+  Result<CompactionResult> out = impl_->Compact(max_slabs_per_class, pool);
+  impl_->core.SettleDrops();
+  return out;
+}
+
+namespace {
+
+// The tick of the cached page class `bp` would evict for its next page; 0 when it would evict
+// none (an uncached free page comes first, or it has no free page) or only a demoted one.
+uint64_t NextVictimTick(const BlockPool& bp) {
+  const int32_t head = bp.NextFree(-1);
+  if (head < 0 || !bp.has_identity(head)) return 0;
+  return bp.free_tick(head);
+}
+
+}  // namespace
+
+Result<CompactionResult> KvCacheManager::Impl::Compact(std::span<const int64_t> max_slabs,
+                                                       int32_t for_pool) {
   if (max_slabs.size() != core.pools.size()) {
     return Status::InvalidArgument(fmt::format("compact: {} per-class limits for {} pools",
                                                max_slabs.size(), core.pools.size()));
@@ -46,12 +70,18 @@ Result<CompactionResult> KvCacheManager::Impl::Compact(std::span<const int64_t> 
   std::vector<BlockPool>& pools = core.pools;
   if (arena.num_slabs() == 0) return out;
   compaction.clear();
+  uint64_t older_than = UINT64_MAX;
+  if (for_pool >= 0) {
+    older_than = NextVictimTick(pools[static_cast<size_t>(for_pool)]);
+    if (older_than == 0) return out;
+  }
   for (size_t p = 0; p < pools.size(); ++p) {
-    if (max_slabs[p] == 0) continue;
-    Must(arena.PlanCompaction(pools, static_cast<int32_t>(p), max_slabs[p], compaction));
+    if (max_slabs[p] == 0 || static_cast<int32_t>(p) == for_pool) continue;
+    Must(
+        arena.PlanCompaction(pools, static_cast<int32_t>(p), max_slabs[p], compaction, older_than));
   }
   if (compaction.slabs.empty()) return out;
-  Must(arena.Compact(pools, compaction));
+  Must(arena.Compact(pools, compaction, for_pool));
 
   if (moved_to.empty()) {
     for (const BlockPool& bp : pools)

@@ -2,15 +2,18 @@
 
 namespace hkv {
 
-bool CompactionDue(const KvCacheManager& manager, bool refused, std::vector<int64_t>& limits) {
+bool CompactionDue(const KvCacheManager& manager, bool refused, std::vector<int64_t>& limits,
+                   int32_t& for_pool) {
   const ArenaConfig& arena = manager.config().arena;
   const size_t pools = manager.config().pool_blocks.size();
   limits.assign(pools, 0);
+  for_pool = -1;
   if (!arena.enabled()) return false;
   // Whole slabs for anyone: unassigned ones, and owned ones without a held page (their free pages
   // beyond those inside held slabs). Only a class whose page is a whole slab can be kept out by
   // pages scattered over every slab.
   bool whole_slab_pages = false;
+  int32_t evicting_states = -1;  // a whole-slab class whose next page evicts a cached one
   int64_t owned_slabs = 0, empty_slabs = 0;
   bool due = false;
   int64_t roomiest = -1;  // the class with the most slabs' worth free inside its held slabs
@@ -19,6 +22,9 @@ bool CompactionDue(const KvCacheManager& manager, bool refused, std::vector<int6
     const PoolUsage u = manager.Usage(static_cast<int32_t>(c));
     const int32_t per = arena.pages_per_slab[c];
     whole_slab_pages = whole_slab_pages || per == 1;
+    if (per == 1 && u.num_free > 0 && u.num_free == u.num_free_cached && evicting_states < 0) {
+      evicting_states = static_cast<int32_t>(c);
+    }
     owned_slabs += u.num_blocks / per;
     empty_slabs += (u.num_free - u.num_free_in_held_slabs) / per;
     if (u.num_free_in_held_slabs < per) continue;
@@ -37,6 +43,17 @@ bool CompactionDue(const KvCacheManager& manager, bool refused, std::vector<int6
     limits[static_cast<size_t>(roomiest)] = arena.num_slabs;
     due = true;
   }
+  if (due || evicting_states < 0 || owned_slabs < arena.num_slabs) return due;
+  // Memory for the states, in the age order: every class with a slab's worth free inside its held
+  // slabs gives up the slabs whose cache is older than the state that would be evicted.
+  for (size_t c = 0; c < pools; ++c) {
+    const PoolUsage u = manager.Usage(static_cast<int32_t>(c));
+    if (static_cast<int32_t>(c) == evicting_states) continue;
+    if (u.num_free_in_held_slabs < arena.pages_per_slab[c]) continue;
+    limits[c] = arena.num_slabs;
+    due = true;
+  }
+  if (due) for_pool = evicting_states;
   return due;
 }
 

@@ -530,9 +530,11 @@ const ManagerStats& KvCacheManager::stats() const {
 PoolUsage KvCacheManager::Usage(int32_t pool) const {
   if (pool < 0 || static_cast<size_t>(pool) >= impl_->core.pools.size()) return {};
   const BlockPool& bp = impl_->core.pools[static_cast<size_t>(pool)];
-  if (impl_->core.arena.num_slabs() == 0) return {bp.num_owned(), bp.num_free(), bp.num_cached()};
-  return {bp.num_owned(), bp.num_free(), bp.num_cached(), bp.free_in_held_segments(),
-          bp.StrandedBlocks()};
+  if (impl_->core.arena.num_slabs() == 0) {
+    return {bp.num_owned(), bp.num_free(), bp.num_cached(), 0, 0, bp.num_free_cached()};
+  }
+  return {bp.num_owned(),      bp.num_free(),       bp.num_cached(), bp.free_in_held_segments(),
+          bp.StrandedBlocks(), bp.num_free_cached()};
 }
 
 std::vector<ManagerEvent> KvCacheManager::TakeEvents() {

@@ -101,7 +101,9 @@ struct KvCacheManager::Impl {
   void FreeRequest(Request& r);
   // FinishLoad(id, false): releases everything the request acquired at its first Allocate.
   void AbandonStart(Request& r);
-  Result<CompactionResult> Compact(std::span<const int64_t> max_slabs_per_class);
+  // for_pool >= 0: KvCacheManager::CompactFor.
+  Result<CompactionResult> Compact(std::span<const int64_t> max_slabs_per_class,
+                                   int32_t for_pool = -1);
   void ReleaseTokenBlocksCoherently(Request& r);
   Status CheckInvariants() const;
   // Step's answer for a request with an open step.

@@ -274,40 +274,82 @@ Status SlabArena::ReserveKeeping(std::span<BlockPool> pools, std::span<const int
 
 namespace {
 
+// A free page compaction may drop (as a destination, or in a slab it empties): one caching
+// nothing, or caching what was freed before `older_than`.
+bool Droppable(const BlockPool& bp, int32_t b, uint64_t older_than) {
+  return !bp.has_identity(b) || bp.free_tick(b) < older_than;
+}
+
+// Free pages of a slab compaction may drop; `all` reports whether that is every free page.
+int32_t DroppablePages(const BlockPool& bp, int32_t per, int32_t seg, uint64_t older_than,
+                       bool& all) {
+  all = true;
+  if (older_than == UINT64_MAX) return per - bp.segment_held(seg);
+  int32_t n = 0;
+  const int32_t first = seg * per + 1;
+  for (int32_t b = first; b < first + per; ++b) {
+    if (bp.ref_count(b) != 0) continue;
+    if (Droppable(bp, b, older_than)) {
+      ++n;
+    } else {
+      all = false;
+    }
+  }
+  return n;
+}
+
 // The slabs of a class that take part in compaction, in the order they are emptied. Only partly
 // held slabs take part: full ones have nowhere to receive pages, empty ones are shared memory
-// already.
-void CompactionCandidates(const BlockPool& bp, int32_t per, std::vector<int32_t>& candidates) {
+// already. `room[i]`: the droppable free pages of candidates[i]; the first `eligible` may be
+// emptied (all their free pages droppable), the rest only receive pages.
+void CompactionCandidates(const BlockPool& bp, int32_t per, uint64_t older_than,
+                          std::vector<int32_t>& candidates, std::vector<int32_t>& room,
+                          size_t& eligible) {
   candidates.clear();
+  room.assign(static_cast<size_t>(bp.num_segments()), 0);
   for (int32_t seg = 0; seg < bp.num_segments(); ++seg) {
     if (!bp.segment_owned(seg)) continue;
     const int32_t held = bp.segment_held(seg);
-    if (held > 0 && held < per) candidates.push_back(seg);
+    if (held == 0 || held == per) continue;
+    bool all = true;
+    room[static_cast<size_t>(seg)] = DroppablePages(bp, per, seg, older_than, all);
+    candidates.push_back(seg);
+    if (!all) room[static_cast<size_t>(seg)] = -1 - room[static_cast<size_t>(seg)];
   }
-  // Fewest held pages first (cheapest to empty), then fewest identities (least cache lost).
+  // Slabs that may be emptied first; among them fewest held pages first (cheapest to empty), then
+  // fewest identities (least cache lost).
+  const auto may_empty = [&](int32_t seg) { return room[static_cast<size_t>(seg)] >= 0; };
   std::sort(candidates.begin(), candidates.end(), [&](int32_t a, int32_t b) {
+    if (may_empty(a) != may_empty(b)) return may_empty(a);
     const int32_t ha = bp.segment_held(a), hb = bp.segment_held(b);
     if (ha != hb) return ha < hb;
     const int32_t ca = bp.segment_cached(a), cb = bp.segment_cached(b);
     return ca != cb ? ca < cb : a < b;
   });
+  eligible = static_cast<size_t>(
+      std::find_if(candidates.begin(), candidates.end(), [&](int32_t s) { return !may_empty(s); }) -
+      candidates.begin());
+  for (int32_t& r : room)
+    if (r < 0) r = -1 - r;
 }
 
-// Victims are a prefix of the candidates: the first k, as long as their held pages fit in the
-// free pages of the slabs after them. Held grows and room shrinks with k, so the feasible k are
-// 0..kmax. Returns k; `moving` gets the victims' held pages.
-size_t CountVictims(const BlockPool& bp, int32_t per, std::span<const int32_t> candidates,
-                    int64_t max_slabs, int64_t& moving) {
+// Victims are a prefix of the eligible candidates: the first k, as long as their held pages fit
+// in the droppable free pages of the slabs after them. Held grows and room shrinks with k, so the
+// feasible k are 0..kmax. Returns k; `moving` gets the victims' held pages.
+size_t CountVictims(const BlockPool& bp, std::span<const int32_t> candidates,
+                    std::span<const int32_t> slab_room, size_t eligible, int64_t max_slabs,
+                    int64_t& moving) {
   int64_t room = 0;
   for (int32_t seg : candidates)
-    room += per - bp.segment_held(seg);
+    room += slab_room[static_cast<size_t>(seg)];
   moving = 0;
   size_t k = 0;
-  while (k < candidates.size() && static_cast<int64_t>(k) < max_slabs) {
+  while (k < eligible && static_cast<int64_t>(k) < max_slabs) {
     const int32_t held = bp.segment_held(candidates[k]);
-    if (moving + held > room - (per - held)) break;
+    const int32_t own = slab_room[static_cast<size_t>(candidates[k])];
+    if (moving + held > room - own) break;
     moving += held;
-    room -= per - held;
+    room -= own;
     ++k;
   }
   return k;
@@ -318,7 +360,7 @@ size_t CountVictims(const BlockPool& bp, int32_t per, std::span<const int32_t> c
 // (the cheapest cache to lose). The walk stops once every page has a destination: emptying a few
 // slabs does not walk every page of a large class.
 void PickDestinations(const BlockPool& bp, int32_t per, std::span<const int32_t> candidates,
-                      size_t k, int64_t moving, std::vector<int32_t>& dest,
+                      size_t k, int64_t moving, uint64_t older_than, std::vector<int32_t>& dest,
                       std::vector<std::pair<uint64_t, int32_t>>& cached_dest) {
   dest.clear();
   for (size_t i = candidates.size(); i-- > k && static_cast<int64_t>(dest.size()) < moving;) {
@@ -332,7 +374,9 @@ void PickDestinations(const BlockPool& bp, int32_t per, std::span<const int32_t>
   for (size_t i = k; i < candidates.size(); ++i) {
     const int32_t first = candidates[i] * per + 1;
     for (int32_t b = first; b < first + per; ++b) {
-      if (bp.ref_count(b) == 0 && bp.has_identity(b)) cached_dest.emplace_back(bp.free_tick(b), b);
+      if (bp.ref_count(b) == 0 && bp.has_identity(b) && bp.free_tick(b) < older_than) {
+        cached_dest.emplace_back(bp.free_tick(b), b);
+      }
     }
   }
   std::sort(cached_dest.begin(), cached_dest.end());
@@ -345,7 +389,7 @@ void PickDestinations(const BlockPool& bp, int32_t per, std::span<const int32_t>
 }  // namespace
 
 Status SlabArena::PlanCompaction(std::span<const BlockPool> pools, int32_t pool, int64_t max_slabs,
-                                 CompactionPlan& plan) {
+                                 CompactionPlan& plan, uint64_t older_than) {
   HKV_RETURN_IF_ERROR(CheckShapes(pools, "plan compaction"));
   if (pool < 0 || static_cast<size_t>(pool) >= pools.size()) {
     return Status::InvalidArgument(fmt::format("plan compaction: class {}: expected 0 to {}", pool,
@@ -357,11 +401,12 @@ Status SlabArena::PlanCompaction(std::span<const BlockPool> pools, int32_t pool,
   }
   const BlockPool& bp = pools[static_cast<size_t>(pool)];
   const int32_t per = pages_per_slab_[static_cast<size_t>(pool)];
-  CompactionCandidates(bp, per, candidates_);
+  size_t eligible = 0;
+  CompactionCandidates(bp, per, older_than, candidates_, slab_room_, eligible);
   int64_t moving = 0;
-  const size_t k = CountVictims(bp, per, candidates_, max_slabs, moving);
+  const size_t k = CountVictims(bp, candidates_, slab_room_, eligible, max_slabs, moving);
   if (k == 0) return Status::Ok();
-  PickDestinations(bp, per, candidates_, k, moving, dest_, cached_dest_);
+  PickDestinations(bp, per, candidates_, k, moving, older_than, dest_, cached_dest_);
   size_t next = 0;
   for (size_t i = 0; i < k; ++i) {
     const int32_t slab = candidates_[i];
@@ -483,8 +528,13 @@ void SlabArena::ClearPlanMarks(std::span<const BlockPool> pools, const Compactio
   }
 }
 
-Status SlabArena::Compact(std::span<BlockPool> pools, const CompactionPlan& plan) {
+Status SlabArena::Compact(std::span<BlockPool> pools, const CompactionPlan& plan, int32_t to_pool) {
   HKV_RETURN_IF_ERROR(CheckShapes(pools, "compact"));
+  if (to_pool < -1 || to_pool >= static_cast<int32_t>(pools.size())) {
+    return Status::InvalidArgument(
+        fmt::format("compact: emptied slabs to class {}: expected -1 (unassigned) or 0 to {}",
+                    to_pool, static_cast<int64_t>(pools.size()) - 1));
+  }
   if (page_marks_.empty()) {
     for (const BlockPool& bp : pools)
       page_marks_.emplace_back(static_cast<size_t>(bp.num_blocks()), 0);
@@ -500,6 +550,7 @@ Status SlabArena::Compact(std::span<BlockPool> pools, const CompactionPlan& plan
     if (!pools[owner].RemoveSegment(slab).ok()) std::abort();  // every held page moved out
     owner_[static_cast<size_t>(slab)] = -1;
     unassigned_.push_back(slab);  // capacity num_slabs: never allocates
+    if (to_pool >= 0) Move(pools, slab, -1, static_cast<size_t>(to_pool));  // pops it again
   }
   compacted_ += static_cast<int64_t>(plan.slabs.size());
   moved_ += static_cast<int64_t>(plan.moves.size());

@@ -114,11 +114,15 @@ class HkvDriven {
 // each moved page before the step's model run.
 Status HkvDriven::BeginStep() {
   if (!compact_) return Status::Ok();
-  const bool due = watch_([&] { return CompactionDue(manager_, refused_, compact_limits_); });
+  int32_t for_pool = -1;
+  const bool due =
+      watch_([&] { return CompactionDue(manager_, refused_, compact_limits_, for_pool); });
   refused_ = false;
   if (!due) return Status::Ok();
-  HKV_ASSIGN_OR_RETURN(const CompactionResult r,
-                       watch_([&] { return manager_.Compact(compact_limits_); }));
+  HKV_ASSIGN_OR_RETURN(const CompactionResult r, watch_([&] {
+                         return for_pool >= 0 ? manager_.CompactFor(for_pool, compact_limits_)
+                                              : manager_.Compact(compact_limits_);
+                       }));
   if (r.slabs.empty()) return Status::Ok();
   ++report_.compactions;
   report_.pages_moved += static_cast<int64_t>(r.moves.size());

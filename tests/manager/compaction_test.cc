@@ -176,6 +176,39 @@ TEST(CompactTest, PerClassLimitsLeaveOtherClassesAloneAndBadLimitsAreRefused) {
   ASSERT_TRUE(m.CheckInvariants().ok());
 }
 
+// CompactFor works only for a class about to evict one of its cached pages: without prefix
+// caching no state page caches anything, so it empties nothing, while Compact would. A bad class
+// is refused and changes nothing.
+TEST(CompactTest, CompactForOnlyServesAClassThatWouldEvictCache) {
+  Result<KvCacheManager> made = KvCacheManager::Create(TwoLevel(6, 4, 1, false));
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  KvCacheManager& m = *made;
+  Scenario run(m);
+  Interleave(run, 1, 2, 7);
+  ASSERT_TRUE(run.e().Free(2).ok());
+  ASSERT_GT(m.Usage(1).num_free, 0);
+  EXPECT_EQ(m.Usage(1).num_free_cached, 0);
+  const int64_t stranded = m.Arena().classes[0].stranded_pages;
+  ASSERT_EQ(stranded, 8);
+
+  const std::vector<int64_t> tokens = {100, 0};
+  for (int32_t bad : {-1, 2}) {
+    const Result<CompactionResult> r = m.CompactFor(bad, tokens);
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(r.status().message().find("class " + std::to_string(bad)), std::string::npos)
+        << r.status().message();
+  }
+  const Result<CompactionResult> none = run.e().CompactFor(1, tokens);
+  ASSERT_TRUE(none.ok()) << none.status().ToString();
+  EXPECT_TRUE(none->slabs.empty());
+  EXPECT_EQ(m.Arena().classes[0].stranded_pages, stranded);
+  EXPECT_EQ(m.Arena().slabs_compacted, 0);
+  const Result<CompactionResult> plain = run.e().Compact(tokens);
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  EXPECT_FALSE(plain->slabs.empty());
+  run.ExpectClean();
+}
+
 TEST(CompactTest, SharedPagesAndStatesFollowTheirMoves) {
   // States two to a slab, so they strand too; prefix caching on, so moved pages carry identities.
   Result<KvCacheManager> made = KvCacheManager::Create(TwoLevel(16, 4, 2, true));

@@ -515,6 +515,17 @@ class FakeEngine {
     }
     return CheckedCompact(limits, bad, [&] { return m_.Compact(max_slabs_per_class); });
   }
+  // Compaction on behalf of one class (KvCacheManager::CompactFor), as CompactionDue may ask.
+  Result<CompactionResult> CompactFor(int32_t pool, std::span<const int64_t> max_slabs_per_class) {
+    std::string limits = "for " + std::to_string(pool) + ":";
+    bool bad = max_slabs_per_class.size() != cfg_.pool_blocks.size() || pool < 0 ||
+               static_cast<size_t>(pool) >= cfg_.pool_blocks.size();
+    for (int64_t l : max_slabs_per_class) {
+      limits += " " + std::to_string(l);
+      bad = bad || l < 0;
+    }
+    return CheckedCompact(limits, bad, [&] { return m_.CompactFor(pool, max_slabs_per_class); });
+  }
 
  private:
   template <typename Call>

@@ -291,6 +291,59 @@ TEST(CompactionTest, PrefersUncachedDestinationsThenTheOldestCached) {
   EXPECT_EQ(m.pools[0].Find(Key(2)), 2);
 }
 
+// A compaction for a class that would otherwise evict a cached page freed at tick T (a state):
+// only slabs whose free cached pages were all freed before T are emptied, only uncached pages or
+// cache older than T receive the moves, and the emptied slab goes to that class.
+TEST(CompactionTest, OlderThanDropsOnlyOlderCacheAndHandsTheSlabToTheClass) {
+  Memory m(4, {4, 1});
+  ASSERT_TRUE(m.Take({12, 1}).ok());  // class 0 in slabs 0-2 (pages 1-12), class 1 in slab 3
+  for (int32_t b : {2, 3, 4, 6, 7, 8, 12})
+    ASSERT_TRUE(m.pools[0].Publish(b, Key(b)).ok());
+  const int32_t state = m.held[1][0];
+  ASSERT_TRUE(m.pools[1].Publish(state, Key(100, 1)).ok());
+  const auto free = [&](size_t p, std::vector<int32_t> blocks) {
+    ASSERT_TRUE(m.pools[p].Free(blocks).ok());
+    for (int32_t b : blocks)
+      std::erase(m.held[p], b);
+  };
+  // Slab 0 holds page 1 and caches 2-4, freed first; slab 2 holds 9 and 10, with 11 uncached and
+  // 12 cached, freed first too; then the state; then slab 1's cache (6-8, beside held page 5).
+  free(0, {2, 3, 4, 11, 12});
+  free(1, {state});
+  free(0, {6, 7, 8});
+  const uint64_t t = m.pools[1].free_tick(state);
+  ASSERT_GT(t, m.pools[0].free_tick(4));
+  ASSERT_LT(t, m.pools[0].free_tick(6));
+
+  // Without the bound, slabs 0 and 1 (one held page each) are emptied, slab 1's newer cache
+  // dropped with them.
+  CompactionPlan any;
+  ASSERT_TRUE(m.arena.PlanCompaction(m.pools, 0, 10, any).ok());
+  EXPECT_EQ(any.slabs, (std::vector<int32_t>{0, 1}));
+  // With it, only slab 0: slab 1 caches newer pages, slab 2's two held pages have room only in
+  // pages slab 0 frees, and page 1 moves to uncached page 11.
+  CompactionPlan plan;
+  ASSERT_TRUE(m.arena.PlanCompaction(m.pools, 0, 10, plan, t).ok());
+  ASSERT_EQ(plan.slabs, std::vector<int32_t>{0});
+  ASSERT_EQ(plan.moves.size(), 1u);
+  EXPECT_EQ(plan.moves[0].src, 1);
+  EXPECT_EQ(plan.moves[0].dst, 11);
+  EXPECT_TRUE(m.arena.Compact(m.pools, plan, 5).code() == StatusCode::kInvalidArgument);
+  m.Check();
+  ASSERT_TRUE(m.arena.Compact(m.pools, plan, 1).ok());
+  m.Check();
+  EXPECT_EQ(m.arena.owner(0), 1);  // handed to the states, not back to the shared memory
+  EXPECT_EQ(m.arena.num_unassigned(), 0);
+  EXPECT_EQ(m.pools[1].num_owned(), 2);
+  EXPECT_EQ(m.pools[1].num_free_cached(), 1);  // the state is still cached, beside a free page
+  EXPECT_EQ(m.pools[1].Find(Key(100, 1)), state);
+  for (int32_t b : {6, 7, 8, 12})
+    EXPECT_EQ(m.pools[0].Find(Key(b)), b) << b;
+  for (int32_t b : {2, 3, 4})
+    EXPECT_EQ(m.pools[0].Find(Key(b)), -1) << b;
+  EXPECT_EQ(m.pools[0].ref_count(11), 1);
+}
+
 TEST(CompactionTest, CompactRejectsBadPlansAndChangesNothing) {
   Memory m(4, {4, 1});
   ASSERT_TRUE(m.Take({12, 1}).ok());               // class 0 in slabs 0-2, class 1 in slab 3

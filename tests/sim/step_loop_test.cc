@@ -49,10 +49,11 @@ class FakeDriven {
   // Compaction as Replay's driver does it (CompactionDue), through the fake engine, which copies
   // every moved page and poisons the old one.
   Status BeginStep() {
-    const bool due = CompactionDue(manager_, refused_, limits_);
+    int32_t for_pool = -1;
+    const bool due = CompactionDue(manager_, refused_, limits_, for_pool);
     refused_ = false;
     if (!due) return Status::Ok();
-    return eng_.Compact(limits_).status();
+    return (for_pool >= 0 ? eng_.CompactFor(for_pool, limits_) : eng_.Compact(limits_)).status();
   }
   int64_t RunningChunk(const Request&, int64_t n) const { return n; }
   Status AllocateRunning(Request& r, int64_t n) {

@@ -12,6 +12,12 @@
 //   attention pages scattered over every slab would keep states out, and the cached pages the
 //   emptied slabs drop are worth less than the states they make room for (docs/manager.md,
 //   "Compaction policy", measures it).
+// - otherwise, when a class whose page is a whole slab would evict one of its cached pages for its
+//   next page (all its free pages cache something) and no slab is unassigned: every other class
+//   with a slab's worth free inside its held slabs, with `for_pool` set to that class. The driver
+//   then calls KvCacheManager::CompactFor(for_pool, limits), which drops only cache older than the
+//   state that would be evicted and gives the emptied slabs to it (for_pool is -1 otherwise, and
+//   the driver calls Compact(limits)).
 // Stranded pages alone are no reason: their class reuses them before it takes a slab, and
 // emptying slabs for them drops cached pages (on Jamba, whose 4 states share a slab, the
 // checkpoints). Without two-level memory nothing is ever due. Reads only; O(pools) calls of
@@ -25,6 +31,7 @@
 
 namespace hkv {
 
-bool CompactionDue(const KvCacheManager& manager, bool refused, std::vector<int64_t>& limits);
+bool CompactionDue(const KvCacheManager& manager, bool refused, std::vector<int64_t>& limits,
+                   int32_t& for_pool);
 
 }  // namespace hkv

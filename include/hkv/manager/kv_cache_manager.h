@@ -69,7 +69,8 @@ struct PoolUsage {
   // could give back), and those of them caching nothing (stranded). Without it: 0.
   int32_t num_free_in_held_slabs = 0;
   int32_t num_stranded = 0;
-  double usage() const;  // held / num_blocks
+  int32_t num_free_cached = 0;  // free blocks with a prefix identity (dropped when reused)
+  double usage() const;         // held / num_blocks
 };
 
 // What Compact did: the moves the engine must perform (pool = page class; copy the whole page
@@ -198,6 +199,16 @@ class KvCacheManager {
   // The same with a limit per class (one per pool, each >= 0; 0 leaves the class alone): an
   // engine compacts only the classes that strand memory, so the others keep their cached pages.
   Result<CompactionResult> Compact(std::span<const int64_t> max_slabs_per_class);
+  // Compaction on behalf of class `pool` when its next page would evict one of its cached pages
+  // (its free pages all cache something, and the first in eviction order was freed at tick T):
+  // the other classes' slabs are emptied only where every cached page the compaction drops — in
+  // the emptied slabs and among the pages receiving the moves — was freed before T, and the
+  // emptied slabs go to `pool` as free pages instead of back to the shared memory. So memory moves
+  // to the class in the one age order eviction follows, though held pages of the other classes
+  // sit in every slab. `pool`'s own limit is ignored. An empty result when `pool` has an uncached
+  // free page, no free page, or its next victim is demoted (tick 0: nothing is older); errors as
+  // Compact, and kInvalidArgument for a bad pool.
+  Result<CompactionResult> CompactFor(int32_t pool, std::span<const int64_t> max_slabs_per_class);
 
   // Per-step views. They stay valid until the next mutating call.
   Result<StepInfo> Step(RequestId id) const;

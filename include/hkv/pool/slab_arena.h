@@ -90,13 +90,18 @@ class SlabArena {
   int32_t owner(int64_t slab) const { return owner_[static_cast<size_t>(slab)]; }  // -1: none
 
   // Appends to `plan` up to max_slabs (>= 0) slabs of class `pool` to empty and the moves that
-  // empty them; nothing when no slab can be emptied. Changes no pool.
+  // empty them; nothing when no slab can be emptied. Changes no pool. `older_than`: drop no
+  // cache freed at or after that tick — only slabs whose free cached pages were all freed before
+  // it are emptied, and only uncached pages or cached ones freed before it receive the moves (a
+  // compaction for a class that would otherwise evict a page of that age; by default, any).
   Status PlanCompaction(std::span<const BlockPool> pools, int32_t pool, int64_t max_slabs,
-                        CompactionPlan& plan);
+                        CompactionPlan& plan, uint64_t older_than = UINT64_MAX);
   // Performs a plan: every slab listed is owned, listed once and has exactly its held pages
   // moved; every move goes from a held page of a listed slab to a free page of the same pool
-  // outside them, no page twice. kInvalidArgument (nothing changed) otherwise.
-  Status Compact(std::span<BlockPool> pools, const CompactionPlan& plan);
+  // outside them, no page twice. kInvalidArgument (nothing changed) otherwise. The emptied slabs
+  // go to class `to_pool` (its pages free and uncached) when one is given (>= 0, a valid class),
+  // else back to the unassigned slabs.
+  Status Compact(std::span<BlockPool> pools, const CompactionPlan& plan, int32_t to_pool = -1);
 
   ArenaUsage Usage(std::span<const BlockPool> pools) const;
   // Every slab has one owner or none, the pools own exactly the slabs the arena says (as many as
@@ -138,6 +143,7 @@ class SlabArena {
   // Compaction scratch, grown on first use and kept: candidate slabs, destination pages, and
   // per-slab / per-page marks that Compact's validation sets and clears again.
   std::vector<int32_t> candidates_;
+  std::vector<int32_t> slab_room_;  // per slab: free pages a compaction may drop
   std::vector<int32_t> dest_;
   std::vector<std::pair<uint64_t, int32_t>> cached_dest_;  // (free tick, page)
   std::vector<int32_t> slab_moves_;               // per slab: moves out of it, or -1 unlisted
