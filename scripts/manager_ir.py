@@ -5,7 +5,7 @@ move with the load of a shared machine, for comparing two builds of `hkv` on one
 For each model it runs `hkv simulate --allocator hybridkv` of each binary under
 `valgrind --tool=callgrind` and sums the inclusive instruction counts (Ir) of the public
 KvCacheManager calls the replay times (AddRequest, Lookup, Allocate, TakeStepInputs, Commit,
-AppendTokens, Free, Compact) and of CompactionDue (the Usage calls it makes included), per replay
+AppendTokens, Free, Compact, CompactFor) and of CompactionDue (the Usage calls it makes included), per replay
 step. Times on the
 2-core shared machines move by up to 2x between runs of one binary; instruction counts are
 exact, though they weigh a cache miss like an add, so they complement `scripts/bench_compare.py`
@@ -31,7 +31,7 @@ DEFAULT_MODELS = [
     "openai--gpt-oss-20b", "ibm-ai-platform--Bamba-9B", "Qwen--Qwen3-Next-80B-A3B-Instruct",
     "ai21labs--Jamba-v0.1"]
 CALLS = ("AddRequest", "Lookup", "Allocate", "TakeStepInputs", "Commit", "AppendTokens", "Free",
-         "Compact")
+         "Compact", "CompactFor")
 LINE = re.compile(r"^\s*([\d,]+)\s.*?(hkv::KvCacheManager::(\w+)\(|hkv::CompactionDue\()")
 
 

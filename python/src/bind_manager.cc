@@ -240,6 +240,7 @@ void BindStatsTypes(py::module_& m) {
       .def_readonly("num_cached", &PoolUsage::num_cached)
       .def_readonly("num_free_in_held_slabs", &PoolUsage::num_free_in_held_slabs)
       .def_readonly("num_stranded", &PoolUsage::num_stranded)
+      .def_readonly("num_free_cached", &PoolUsage::num_free_cached)
       .def_property_readonly("usage", &PoolUsage::usage);
 
   py::class_<ArenaClassUsage>(m, "ArenaClassUsage")
@@ -431,7 +432,18 @@ void BindAllocation(ManagerClass& cls) {
           py::arg("max_slabs_per_class"),
           "Two-level memory, between steps: empties sparsely held slabs. Returns (moves, slabs): "
           "moves is an int32 array of rows (pool, src, dst) whose page bytes the engine must copy "
-          "before the next step.");
+          "before the next step.")
+      .def(
+          "compact_for",
+          [](Manager& self, int32_t pool, const std::vector<int64_t>& limits) {
+            CompactionResult r = self.Locked(
+                [&](KvCacheManager& mgr) { return Value(mgr.CompactFor(pool, limits)); });
+            return CompactionTuple(r);
+          },
+          py::arg("pool"), py::arg("max_slabs_per_class"),
+          "Compaction on behalf of class `pool`, whose next page would evict its cache: only "
+          "cache older than that page is dropped, and the emptied slabs go to `pool`. Returns "
+          "(moves, slabs) as compact does.");
 }
 
 void BindStepViews(ManagerClass& cls) {

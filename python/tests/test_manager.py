@@ -378,6 +378,23 @@ def test_compaction_moves_pages_out_of_sparse_slabs_and_arena_usage():
     assert moves.shape == (0, 3) and slabs == []
 
 
+def test_compact_for_a_class_that_evicts_nothing_moves_nothing():
+    mgr = hybridkv.KvCacheManager(two_level_config())
+    for rid in range(12):
+        run_prompt(mgr, rid, [1000 + rid])
+    for rid in range(0, 12, 2):
+        mgr.free(rid)
+    usage = mgr.usage(0)
+    assert usage.num_free_cached == 0 and usage.num_free == 6
+    # Its free pages cache nothing: its next page evicts nothing, so nothing is compacted for it.
+    moves, slabs = mgr.compact_for(0, [3])
+    assert moves.shape == (0, 3) and slabs == []
+    assert mgr.arena().classes[0].stranded_pages == 6
+    with pytest.raises(hybridkv.InvalidArgumentError):
+        mgr.compact_for(1, [3])
+    mgr.check_invariants()
+
+
 def test_recurrent_state_slots(bamba):
     cfg = hybridkv.make_allocator(bamba, "hybridkv", memory="4GiB").config
     state_group = [g.kind for g in cfg.groups].index("state")
