@@ -13,7 +13,12 @@ bool CompactionDue(const KvCacheManager& manager, bool refused, std::vector<int6
   // beyond those inside held slabs). Only a class whose page is a whole slab can be kept out by
   // pages scattered over every slab.
   bool whole_slab_pages = false;
-  int32_t evicting_states = -1;  // a whole-slab class whose next page evicts a cached one
+  int32_t evicting_states = -1;  // a state class whose next page evicts a cached one
+  const auto holds_states = [&](size_t c) {
+    for (const GroupConfig& gc : manager.config().groups)
+      if (gc.is_state() && static_cast<size_t>(gc.pool) == c) return true;
+    return false;
+  };
   int64_t owned_slabs = 0, empty_slabs = 0;
   bool due = false;
   int64_t roomiest = -1;  // the class with the most slabs' worth free inside its held slabs
@@ -22,7 +27,8 @@ bool CompactionDue(const KvCacheManager& manager, bool refused, std::vector<int6
     const PoolUsage u = manager.Usage(static_cast<int32_t>(c));
     const int32_t per = arena.pages_per_slab[c];
     whole_slab_pages = whole_slab_pages || per == 1;
-    if (per == 1 && u.num_free > 0 && u.num_free == u.num_free_cached && evicting_states < 0) {
+    if (evicting_states < 0 && u.num_free > 0 && u.num_free == u.num_free_cached &&
+        holds_states(c)) {
       evicting_states = static_cast<int32_t>(c);
     }
     owned_slabs += u.num_blocks / per;

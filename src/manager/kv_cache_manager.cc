@@ -55,6 +55,10 @@ Result<KvCacheManager> KvCacheManager::Create(const ManagerConfig& config) {
   if (config.arena.enabled()) {
     HKV_ASSIGN_OR_RETURN(core.arena,
                          SlabArena::Create(config.arena.num_slabs, config.arena.pages_per_slab));
+    std::vector<int32_t> state_pools;
+    for (const GroupConfig& gc : config.groups)
+      if (gc.is_state()) state_pools.push_back(gc.pool);
+    HKV_RETURN_IF_ERROR(core.arena.SetStateClasses(state_pools));
     HKV_ASSIGN_OR_RETURN(core.pools, core.arena.MakePools(config.record_events));
   } else {
     for (int32_t blocks : config.pool_blocks) {

@@ -30,6 +30,7 @@ Result<SlabArena> SlabArena::Create(int64_t num_slabs, std::span<const int32_t> 
   }
   SlabArena a;
   a.pages_per_slab_.assign(pages_per_slab.begin(), pages_per_slab.end());
+  a.states_.assign(pages_per_slab.size(), 0);
   a.owner_.assign(static_cast<size_t>(num_slabs), -1);
   a.kept_.assign(static_cast<size_t>(num_slabs), 0);
   a.kept_empty_.assign(pages_per_slab.size(), 0);
@@ -39,6 +40,18 @@ Result<SlabArena> SlabArena::Create(int64_t num_slabs, std::span<const int32_t> 
   for (int64_t s = num_slabs - 1; s >= 0; --s)
     a.unassigned_.push_back(static_cast<int32_t>(s));
   return a;
+}
+
+Status SlabArena::SetStateClasses(std::span<const int32_t> classes) {
+  for (int32_t p : classes) {
+    if (p < 0 || static_cast<size_t>(p) >= states_.size()) {
+      return Status::InvalidArgument(fmt::format("slab arena: state class {}: expected 0 to {}", p,
+                                                 static_cast<int64_t>(states_.size()) - 1));
+    }
+  }
+  for (int32_t p : classes)
+    states_[static_cast<size_t>(p)] = 1;
+  return Status::Ok();
 }
 
 Result<std::vector<BlockPool>> SlabArena::MakePools(bool record_events) const {
@@ -93,8 +106,8 @@ int32_t SlabArena::Donor(std::span<BlockPool> pools, std::span<const int64_t> ne
     if (q == p) continue;
     const BlockPool& bq = pools[q];
     if (Spare(pools, q, need[q]) < 1) continue;
-    // A whole-slab class's uncaching page is its running requests' churn (see the header).
-    const bool churn = sparing && pages_per_slab_[q] == 1;
+    // A state class's uncaching slab is its running requests' churn (see the header).
+    const bool churn = sparing && states_[q] != 0;
     const int32_t plain = churn ? -1 : FirstUnkept(bq, bq.OldestEmptyUncached());
     if (plain >= 0) {
       // A slab caching nothing costs its class nothing while the class's other uncached pages

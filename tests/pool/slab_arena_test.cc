@@ -418,12 +418,18 @@ TEST(SlabArenaTest, SegmentCallsRejectWrongArgumentsAndChangeNothing) {
 }
 
 // A slab caching nothing is free to take only while its class has other uncached pages for its
-// own need. Here the state class (one page per slab) keeps a cached checkpoint and one empty
-// page, and needs one page; the attention class needs one and has only demoted pages. Taking the
-// state class's empty slab would make it evict its checkpoint to serve its need, so the attention
-// class reuses a demoted page of its own instead, and the checkpoint survives.
-TEST(SlabArenaTest, AnUncachingSlabItsClassStillNeedsIsNotTakenFromIt) {
+// own need. Here class 0 (one page per slab) keeps a cached checkpoint and one empty page, and
+// needs one page; class 1 needs one and has only demoted pages. Taking class 0's empty slab would
+// make it evict its checkpoint to serve its need, so class 1 reuses a demoted page of its own
+// instead, and the checkpoint survives. Then class 0 has an uncached page beyond its need:
+// class 1 takes it to spare its own cached pages unless class 0 holds recurrent states
+// (SetStateClasses), whose uncached pages are their running requests' churn; short of pages,
+// class 1 takes it either way.
+void UncachingSlabScenario(bool states) {
   Memory m(3, {1, 4});
+  if (states) {
+    ASSERT_TRUE(m.arena.SetStateClasses(std::vector<int32_t>{0}).ok());
+  }
   std::vector<std::vector<int32_t>> got;
   ASSERT_TRUE(m.Take({2, 4}, got).ok());
   const int32_t checkpoint = got[0][0], empty = got[0][1];
@@ -444,25 +450,44 @@ TEST(SlabArenaTest, AnUncachingSlabItsClassStillNeedsIsNotTakenFromIt) {
   EXPECT_EQ(m.pools[0].Find(Key(1)), checkpoint);
   EXPECT_EQ(m.arena.owner(m.pools[0].segment_of(empty)), 0);
 
-  // The class now has an uncached page beyond its need, but that page is a state its running
-  // requests churn through: the other class, which could spare it only its own (demoted) cached
-  // pages, evicts those instead of taking the slab.
   ASSERT_TRUE(m.pools[0].Free(next[0], Retention::kLow).ok());
   ASSERT_TRUE(m.pools[1].Free(next[1], Retention::kLow).ok());
   std::vector<std::vector<int32_t>> third;
   ASSERT_TRUE(m.Take({0, 4}, third).ok());
   m.Check();
-  EXPECT_EQ(m.arena.owner(m.pools[0].segment_of(empty)), 0);
-  EXPECT_EQ(m.pools[1].num_owned(), 4);
+  EXPECT_EQ(m.arena.owner(m.pools[0].segment_of(empty)), states ? 0 : 1);
+  EXPECT_EQ(m.pools[1].num_owned(), states ? 4 : 8);
   EXPECT_EQ(m.pools[0].Find(Key(1)), checkpoint);
+  if (!states) return;
 
-  // Short of pages, the other class takes it: a deficit is met from any slab its class can spare.
   ASSERT_TRUE(m.pools[1].Free(third[1], Retention::kLow).ok());
   std::vector<std::vector<int32_t>> fourth;
   ASSERT_TRUE(m.Take({0, 8}, fourth).ok());
   m.Check();
   EXPECT_EQ(m.arena.owner(m.pools[0].segment_of(empty)), 1);
   EXPECT_EQ(m.pools[0].Find(Key(1)), checkpoint);
+}
+
+TEST(SlabArenaTest, AnUncachingSlabItsClassStillNeedsIsNotTakenFromIt) {
+  UncachingSlabScenario(true);
+}
+
+TEST(SlabArenaTest, AnUncachingSlabOfAClassWithoutStatesIsTakenToSpareCache) {
+  UncachingSlabScenario(false);
+}
+
+TEST(SlabArenaTest, StateClassesOutOfRangeAreRefused) {
+  SlabArena a = SlabArena::Create(2, std::vector<int32_t>{1, 4}).value();
+  for (int32_t bad : {-1, 2}) {
+    const Status s = a.SetStateClasses(std::vector<int32_t>{0, bad});
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(s.message().find("state class " + std::to_string(bad)), std::string::npos)
+        << s.message();
+  }
+  EXPECT_FALSE(a.is_state_class(0));  // refused calls mark nothing
+  ASSERT_TRUE(a.SetStateClasses(std::vector<int32_t>{0}).ok());
+  EXPECT_TRUE(a.is_state_class(0));
+  EXPECT_FALSE(a.is_state_class(1));
 }
 
 }  // namespace

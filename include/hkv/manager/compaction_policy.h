@@ -12,8 +12,8 @@
 //   attention pages scattered over every slab would keep states out, and the cached pages the
 //   emptied slabs drop are worth less than the states they make room for (docs/manager.md,
 //   "Compaction policy", measures it).
-// - otherwise, when a class whose page is a whole slab would evict one of its cached pages for its
-//   next page (all its free pages cache something) and no slab is unassigned: every other class
+// - otherwise, when a class of recurrent states would evict one of its cached pages for its next
+//   page (all its free pages cache something) and no slab is unassigned: every other class
 //   with a slab's worth free inside its held slabs, with `for_pool` set to that class. The driver
 //   then calls KvCacheManager::CompactFor(for_pool, limits), which drops only cache older than the
 //   state that would be evicted and gives the emptied slabs to it (for_pool is -1 otherwise, and

@@ -21,14 +21,14 @@
 //   age 0) a class evicts its own. An uncaching slab is free to take only while its class's other
 //   uncached pages still cover that class's need; otherwise taking it makes the class evict its
 //   least recently freed cached page, and the slab counts as that old (so a slab a class was
-//   just given for its need is never taken back in the same call). Except a whole-slab class's
-//   uncaching page (a recurrent state no request holds): another class takes it only when short
-//   of pages (the deficit), never to spare its own cached pages. Such a page is the churn of the
-//   class's running requests (a state is written to a fresh page at every published or kept
-//   position), which need it again within a step or two; taken, it makes the class evict a cached
-//   state (a whole slab of cache) to save the taker a slab's worth of its oldest cached pages, and
-//   the taker's slabs rarely come back whole (its held pages scatter over them). Measured in
-//   docs/manager.md ("Which class gives a slab up").
+//   just given for its need is never taken back in the same call). Except a state class's
+//   uncaching slab (SetStateClasses: recurrent states no request holds): another class takes it
+//   only when short of pages (the deficit), never to spare its own cached pages. Such pages are
+//   the churn of the class's running requests (a state is written to a fresh page at every
+//   published or kept position), which need them again within a step or two; taken, the class
+//   evicts cached states for its next pages to save the taker a slab's worth of its oldest cached
+//   pages, and the taker's slabs rarely come back whole (its held pages scatter over them).
+//   Measured in docs/manager.md ("Which class gives a slab up").
 // - Arenas where some class's page is a whole slab (a recurrent state) pack: each pool reuses its
 //   worthless pages (no identity, or demoted) segment by segment (BlockPool::set_pack_segments),
 //   so a class's held pages gather in few slabs and the others can empty whole.
@@ -74,6 +74,11 @@ class SlabArena {
   // One segmented pool per class (block ids 1 + slab * pages_per_slab + page), sharing one
   // eviction clock, owning nothing yet.
   Result<std::vector<BlockPool>> MakePools(bool record_events) const;
+  // Marks the classes whose pages are recurrent states (see Reserve: their uncaching slabs go to
+  // another class only to meet a deficit). kInvalidArgument (nothing changed) for a class out of
+  // range. None by default.
+  Status SetStateClasses(std::span<const int32_t> classes);
+  bool is_state_class(size_t p) const { return states_[p] != 0; }
 
   // `keep` lists free blocks the caller is about to acquire (prefix hits): their slabs are not
   // given away.
@@ -125,7 +130,7 @@ class SlabArena {
   // A slab some other pool (`from`) can give p without dropping below its need: an uncaching
   // one first (age 0), else the oldest-emptied cached one (age: when it emptied); never a kept
   // one. -1: none. `sparing`: p is not short, only about to evict its own cached pages, and a
-  // whole-slab class's uncaching page is not offered.
+  // state class's uncaching slab is not offered.
   int32_t Donor(std::span<BlockPool> pools, std::span<const int64_t> need, size_t p, bool sparing,
                 int32_t& from, uint64_t& age) const;
   int32_t FirstUnkept(const BlockPool& pool, int32_t segment) const;
@@ -135,6 +140,7 @@ class SlabArena {
   void ClearPlanMarks(std::span<const BlockPool> pools, const CompactionPlan& plan);
 
   std::vector<int32_t> pages_per_slab_;
+  std::vector<uint8_t> states_;  // per class: 1 where its pages are recurrent states
   int64_t carved_ = 0, reclaimed_ = 0, compacted_ = 0, moved_ = 0;
   std::vector<int32_t> owner_;
   std::vector<int32_t> unassigned_;  // a stack; capacity num_slabs, so pushes never allocate
