@@ -293,28 +293,20 @@ bool Droppable(const BlockPool& bp, int32_t b, uint64_t older_than) {
   return !bp.has_identity(b) || bp.free_tick(b) < older_than;
 }
 
-// Free pages of a slab compaction may drop; `all` reports whether that is every free page.
-int32_t DroppablePages(const BlockPool& bp, int32_t per, int32_t seg, uint64_t older_than,
-                       bool& all) {
-  all = true;
+// Free pages of a slab compaction may drop.
+int32_t DroppablePages(const BlockPool& bp, int32_t per, int32_t seg, uint64_t older_than) {
   if (older_than == UINT64_MAX) return per - bp.segment_held(seg);
   int32_t n = 0;
   const int32_t first = seg * per + 1;
-  for (int32_t b = first; b < first + per; ++b) {
-    if (bp.ref_count(b) != 0) continue;
-    if (Droppable(bp, b, older_than)) {
-      ++n;
-    } else {
-      all = false;
-    }
-  }
+  for (int32_t b = first; b < first + per; ++b)
+    n += bp.ref_count(b) == 0 && Droppable(bp, b, older_than) ? 1 : 0;
   return n;
 }
 
 // The slabs of a class that take part in compaction, in the order they are emptied. Only partly
 // held slabs take part: full ones have nowhere to receive pages, empty ones are shared memory
-// already. `room[i]`: the droppable free pages of candidates[i]; the first `eligible` may be
-// emptied (all their free pages droppable), the rest only receive pages.
+// already. `room[seg]`: the droppable free pages of a candidate; the first `eligible` candidates
+// may be emptied (every free page droppable), the rest only receive pages.
 void CompactionCandidates(const BlockPool& bp, int32_t per, uint64_t older_than,
                           std::vector<int32_t>& candidates, std::vector<int32_t>& room,
                           size_t& eligible) {
@@ -324,14 +316,14 @@ void CompactionCandidates(const BlockPool& bp, int32_t per, uint64_t older_than,
     if (!bp.segment_owned(seg)) continue;
     const int32_t held = bp.segment_held(seg);
     if (held == 0 || held == per) continue;
-    bool all = true;
-    room[static_cast<size_t>(seg)] = DroppablePages(bp, per, seg, older_than, all);
+    room[static_cast<size_t>(seg)] = DroppablePages(bp, per, seg, older_than);
     candidates.push_back(seg);
-    if (!all) room[static_cast<size_t>(seg)] = -1 - room[static_cast<size_t>(seg)];
   }
+  const auto may_empty = [&](int32_t seg) {
+    return room[static_cast<size_t>(seg)] == per - bp.segment_held(seg);
+  };
   // Slabs that may be emptied first; among them fewest held pages first (cheapest to empty), then
   // fewest identities (least cache lost).
-  const auto may_empty = [&](int32_t seg) { return room[static_cast<size_t>(seg)] >= 0; };
   std::sort(candidates.begin(), candidates.end(), [&](int32_t a, int32_t b) {
     if (may_empty(a) != may_empty(b)) return may_empty(a);
     const int32_t ha = bp.segment_held(a), hb = bp.segment_held(b);
@@ -339,11 +331,8 @@ void CompactionCandidates(const BlockPool& bp, int32_t per, uint64_t older_than,
     const int32_t ca = bp.segment_cached(a), cb = bp.segment_cached(b);
     return ca != cb ? ca < cb : a < b;
   });
-  eligible = static_cast<size_t>(
-      std::find_if(candidates.begin(), candidates.end(), [&](int32_t s) { return !may_empty(s); }) -
-      candidates.begin());
-  for (int32_t& r : room)
-    if (r < 0) r = -1 - r;
+  eligible = static_cast<size_t>(std::find_if_not(candidates.begin(), candidates.end(), may_empty) -
+                                 candidates.begin());
 }
 
 // Victims are a prefix of the eligible candidates: the first k, as long as their held pages fit

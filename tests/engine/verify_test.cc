@@ -72,8 +72,8 @@ TEST_P(Verify, RandomWorkloadsMatchDenseAndExerciseEveryFeature) {
     if (steps >= kStepsPerModel && (all.preemptions == 0 || compaction_missing)) {
       o.memory_bytes = default_memory * 2 / 3;
     }
-    // Jamba's reduced states are whole slabs, and attention no longer takes a state slab it could
-    // spare: it keeps its slabs and compaction is wanted only under harder pressure.
+    // Attention no longer takes a state slab only to spare its cache, so on a reduced Jamba the
+    // states keep their slabs and compaction is wanted only under harder pressure.
     if (steps >= kStepsPerModel && compaction_missing && seed % 4 == 0) {
       o.memory_bytes = default_memory / 2;
     }

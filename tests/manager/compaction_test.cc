@@ -92,6 +92,13 @@ void Interleave(Scenario& run, RequestId a, RequestId b, int rounds) {
   }
 }
 
+// Interleave, then request 2 ends: 8 token pages stranded, half of every token slab.
+void StrandHalfOfEveryTokenSlab(KvCacheManager& m, Scenario& run) {
+  Interleave(run, 1, 2, 7);
+  ASSERT_TRUE(run.e().Free(2).ok());
+  ASSERT_EQ(m.Arena().classes[0].stranded_pages, 8);
+}
+
 TEST(CompactTest, EveryOtherPageRefusedThenCompactedThenAllocated) {
   // 6 slabs: 4 of token pages (4 each), 2 of states (1 each); no prefix caching, so freed pages
   // are plain stranded memory.
@@ -146,10 +153,8 @@ TEST(CompactTest, PerClassLimitsLeaveOtherClassesAloneAndBadLimitsAreRefused) {
   ASSERT_TRUE(made.ok()) << made.status().ToString();
   KvCacheManager& m = *made;
   Scenario run(m);
-  Interleave(run, 1, 2, 7);
-  ASSERT_TRUE(run.e().Free(2).ok());
+  ASSERT_NO_FATAL_FAILURE(StrandHalfOfEveryTokenSlab(m, run));
   const int64_t stranded = m.Arena().classes[0].stranded_pages;
-  ASSERT_EQ(stranded, 8);
   EXPECT_EQ(m.Usage(0).num_stranded, stranded);
   EXPECT_GE(m.Usage(0).num_free_in_held_slabs, stranded);
 
@@ -184,12 +189,10 @@ TEST(CompactTest, CompactForOnlyServesAClassThatWouldEvictCache) {
   ASSERT_TRUE(made.ok()) << made.status().ToString();
   KvCacheManager& m = *made;
   Scenario run(m);
-  Interleave(run, 1, 2, 7);
-  ASSERT_TRUE(run.e().Free(2).ok());
+  ASSERT_NO_FATAL_FAILURE(StrandHalfOfEveryTokenSlab(m, run));
   ASSERT_GT(m.Usage(1).num_free, 0);
   EXPECT_EQ(m.Usage(1).num_free_cached, 0);
   const int64_t stranded = m.Arena().classes[0].stranded_pages;
-  ASSERT_EQ(stranded, 8);
 
   const std::vector<int64_t> tokens = {100, 0};
   for (int32_t bad : {-1, 2}) {

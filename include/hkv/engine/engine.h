@@ -160,8 +160,8 @@ struct EngineCounters {
   int64_t compactions = 0;      // Compact calls that returned slabs to the shared memory
   int64_t pages_moved = 0;      // pages those compactions moved (and the engine copied)
   int64_t slabs_compacted = 0;  // slabs they returned
-  // Those of them made for a class whose page is a whole slab (KvCacheManager::CompactFor): its
-  // emptied slabs went to the states instead of the shared memory.
+  // Those of them made for a class of recurrent states (KvCacheManager::CompactFor): the emptied
+  // slabs went to the states instead of the shared memory.
   int64_t compactions_for_states = 0;
   // Sparse KV: Evict calls, the slots they dropped (summed over groups), the blocks they took
   // out of requests' tables (returned to the pool unless a forked sibling still holds them),
