@@ -66,6 +66,7 @@ class ManagerConfig:
     evict_uncovered: bool
     prompt_checkpoints: bool
     rolling_stride_after_give_back: int
+    branch_memory_entries: int
     record_events: bool
     def __init__(self) -> None: ...
     @staticmethod
@@ -178,6 +179,7 @@ class ManagerStats:
     allocations_failed: int
     recomputed_tokens: int
     branch_blocks_given_back: int
+    remembered_branches_kept: int
     rolling_states_given_back: int
     uncovered_blocks_demoted: int
     unreachable_checkpoints_demoted: int

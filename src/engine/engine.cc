@@ -645,6 +645,7 @@ Status Engine::Impl::Step() {
   const ManagerStats& ms = manager_->stats();
   counters_.branch_blocks_given_back = ms.branch_blocks_given_back;
   counters_.rolling_states_given_back = ms.rolling_states_given_back;
+  counters_.remembered_branches_kept = ms.remembered_branches_kept;
   counters_.coverage_demotions =
       ms.uncovered_blocks_demoted + ms.unreachable_checkpoints_demoted + ms.superseded_hits_demoted;
   // No step is open between scheduler steps: pages may move now, before anything reads them.

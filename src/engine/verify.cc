@@ -278,6 +278,7 @@ Status VerifyRun::Check(const PlanOptions& po, const KvEventPublisher* publisher
   report.requests = static_cast<int64_t>(done.size());
   report.features = engine->counters();
   report.slabs_reclaimed = engine->manager().Arena().slabs_reclaimed;
+  report.two_level = engine->manager().Arena().num_slabs > 0;
   HKV_ASSIGN_OR_RETURN(const Allocator padded, MakeAllocator(spec, AllocatorMode::kPadded, po));
   if (padded.state_page_bytes > 0) report.padded_block_tokens = padded.block_tokens;
   return engine->manager().CheckInvariants();

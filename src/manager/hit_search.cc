@@ -59,8 +59,23 @@ int64_t KvCacheManager::Impl::WindowBranchOf(const Request& r, int64_t hit) {
     any_full = g->BranchReach(r, cap, hit, reach, held) || any_full;
   if (!any_full) return 0;
   reach = reach / core.align * core.align;
-  if (reach > hit) return reach;  // its window blocks were evicted, its full attention not
-  return held ? hit : 0;          // another running request shares the whole hit
+  // Its window blocks were evicted, its full attention not; or another running request shares
+  // the whole hit.
+  const int64_t seen = reach > hit ? reach : (held ? hit : 0);
+  if (seen > 0) {
+    branches.Remember(core.HashAt(r, seen));
+    return seen;
+  }
+  if (!branches.enabled()) return 0;
+  // Nothing in the cache shows a branch, but the prefix may be one seen before and evicted since
+  // (a system prompt all of whose users had ended): the largest such position of the prompt.
+  for (int64_t p = cap / core.align * core.align; p > 0; p -= core.align) {
+    if (branches.Contains(core.HashAt(r, p))) {
+      ++core.stats.remembered_branches_kept;
+      return p;
+    }
+  }
+  return 0;
 }
 
 int64_t KvCacheManager::Impl::TruncateFixedPoint(const Request& r, int64_t x,

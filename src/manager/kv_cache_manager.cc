@@ -34,6 +34,11 @@ KvCacheManager::Impl::Impl(const ManagerConfig& c) : core(c), config(core.config
     if (groups.back()->RestrictsCommit()) commit_checkers.push_back(groups.back().get());
     if (groups.back()->WorksOnFreeStep()) free_step_workers.push_back(groups.back().get());
   }
+  // With two-level memory a window class's kept pages cannot serve a full-attention allocation
+  // unless whole slabs empty, so keeping windows for remembered branches turned refusals into
+  // preemptions there (docs/manager.md, "Windows at branch points").
+  if (has_window_groups && config.coherent_eviction && !config.arena.enabled())
+    branches = manager_internal::BranchMemory(config.branch_memory_entries);
   if (config.publish_at_allocate && config.enable_prefix_caching && !has_state_groups) {
     for (size_t g = 0; g < groups.size(); ++g)
       if (IsDecoderTokens(config.groups[g])) ahead_publishers.push_back(groups[g].get());

@@ -239,6 +239,11 @@ Status ManagerConfig::Validate() const {
         "alignment ({} tokens)",
         checkpoint_interval, align));
   }
+  if (branch_memory_entries < 0 || branch_memory_entries > (1 << 24)) {
+    return Status::InvalidArgument(
+        fmt::format("manager config: branch_memory_entries {} must be in [0, {}]",
+                    branch_memory_entries, 1 << 24));
+  }
   if (rolling_stride_after_give_back < 0 || rolling_stride_after_give_back % align != 0) {
     return Status::InvalidArgument(fmt::format(
         "manager config: rolling_stride_after_give_back {} must be 0 or a positive multiple of "

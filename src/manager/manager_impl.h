@@ -19,6 +19,7 @@
 
 #include <hkv/manager/kv_cache_manager.h>
 
+#include "branch_memory.h"
 #include "cache_core.h"
 #include "group_manager.h"
 #include "request_table.h"
@@ -56,7 +57,8 @@ struct KvCacheManager::Impl {
   bool EncoderCached(const Request& r) const;
   int64_t DivergenceOf(const Request& r, int64_t hit);
   // Request::window_branch for a request about to take `hit` (before it acquires anything); 0
-  // without window or chunk groups, full-attention groups, or coherent eviction.
+  // without window or chunk groups, full-attention groups, or coherent eviction. Where the cache
+  // shows no branch, the largest position of its prefix that `branches` remembers.
   int64_t WindowBranchOf(const Request& r, int64_t hit);
   int64_t TruncateFixedPoint(const Request& r, int64_t x, int64_t new_known) const;
 
@@ -129,6 +131,9 @@ struct KvCacheManager::Impl {
   bool has_token_groups = false;   // groups following decoder positions
   bool has_window_groups = false;  // window or chunk groups
   size_t slot_groups = 0;          // groups following decoder positions: their slots are mapped
+  // Branch points seen, kept past their eviction (ManagerConfig::branch_memory_entries); off
+  // without window groups and with two-level memory.
+  manager_internal::BranchMemory branches{0};
   std::vector<std::unique_ptr<manager_internal::GroupManager>> groups;
   // Lookup visits token groups before state groups: attention bounds the hit cheaply, and the
   // state group's downward probe then starts from there instead of from the prompt's end.

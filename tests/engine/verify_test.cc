@@ -41,6 +41,7 @@ TEST_P(Verify, RandomWorkloadsMatchDenseAndExerciseEveryFeature) {
   int64_t shortest_hit = 0;  // recurrent models: fewest tokens a hit reused, over the seeds
   int32_t padded_block = 0;
   int64_t default_memory = 0;  // the budget RunVerify picks for this model
+  bool one_pool = false;       // the plan has no slabs: the manager remembers branch points
   EngineCounters all;
   // Every feature the model can use has run (single seeds may miss one: a light workload needs
   // no preemption, a run of unlucky drafts accepts none).
@@ -48,6 +49,7 @@ TEST_P(Verify, RandomWorkloadsMatchDenseAndExerciseEveryFeature) {
     bool ran = all.prefix_hit_tokens > 0 && all.preemptions > 0 && all.forks > 0 &&
                all.truncations > 0 && all.drafts_accepted > 0;
     if (windows) ran = ran && all.window_blocks_freed > 0 && all.branch_blocks_given_back > 0;
+    if (windows && one_pool) ran = ran && all.remembered_branches_kept > 0;
     if (state) {
       ran = ran && all.checkpoint_hits > 0 && shortest_hit > 0 &&
             all.rolling_states_given_back > 0 && all.coverage_demotions > 0;
@@ -85,6 +87,7 @@ TEST_P(Verify, RandomWorkloadsMatchDenseAndExerciseEveryFeature) {
     steps += r->steps;
     if (o.memory_bytes == 0) default_memory = r->memory_bytes;
     reclaimed += r->slabs_reclaimed;
+    one_pool = !r->two_level;
     padded_block = r->padded_block_tokens;
     if (f.shortest_checkpoint_hit > 0 &&
         (shortest_hit == 0 || f.shortest_checkpoint_hit < shortest_hit)) {
@@ -101,6 +104,7 @@ TEST_P(Verify, RandomWorkloadsMatchDenseAndExerciseEveryFeature) {
     all.drafts_accepted += f.drafts_accepted;
     all.window_blocks_freed += f.window_blocks_freed;
     all.branch_blocks_given_back += f.branch_blocks_given_back;
+    all.remembered_branches_kept += f.remembered_branches_kept;
     all.rolling_states_given_back += f.rolling_states_given_back;
     all.coverage_demotions += f.coverage_demotions;
     all.checkpoint_hits += f.checkpoint_hits;
@@ -114,7 +118,8 @@ TEST_P(Verify, RandomWorkloadsMatchDenseAndExerciseEveryFeature) {
       ", preemptions " + std::to_string(all.preemptions) + ", forks " + std::to_string(all.forks) +
       ", truncations " + std::to_string(all.truncations) + ", window frees " +
       std::to_string(all.window_blocks_freed) + ", branch windows given back " +
-      std::to_string(all.branch_blocks_given_back) + ", rolling states given back " +
+      std::to_string(all.branch_blocks_given_back) + ", remembered branches kept " +
+      std::to_string(all.remembered_branches_kept) + ", rolling states given back " +
       std::to_string(all.rolling_states_given_back) + ", coverage demotions " +
       std::to_string(all.coverage_demotions) + ", checkpoint hits " +
       std::to_string(all.checkpoint_hits) + ", encoder reuses " +
@@ -132,6 +137,11 @@ TEST_P(Verify, RandomWorkloadsMatchDenseAndExerciseEveryFeature) {
   // Windows kept at branch points were given back to let allocations succeed, and every logit
   // still matched dense: the blocks went back to the cache and were reused without corruption.
   EXPECT_EQ(all.branch_blocks_given_back > 0, windows) << what;
+  // With one pool, requests kept windows at branch points only the manager's memory showed (the
+  // prefix evicted since), and every logit still matched dense.
+  if (windows && one_pool) {
+    EXPECT_GT(all.remembered_branches_kept, 0) << what;
+  }
   EXPECT_EQ(all.checkpoint_hits > 0, state) << what;
   // Rolling recurrent states were given back so that steps fit (published as checkpoints, or
   // written over in place), and every logit still matched dense.
@@ -157,6 +167,7 @@ TEST_P(Verify, RandomWorkloadsMatchDenseAndExerciseEveryFeature) {
   }
   RecordProperty("slabs_reclaimed", std::to_string(reclaimed));
   RecordProperty("branch_blocks_given_back", std::to_string(all.branch_blocks_given_back));
+  RecordProperty("remembered_branches_kept", std::to_string(all.remembered_branches_kept));
   RecordProperty("rolling_states_given_back", std::to_string(all.rolling_states_given_back));
   RecordProperty("coverage_demotions", std::to_string(all.coverage_demotions));
   // Recurrent hits shorter than the block a one-page-size allocator would have to use for this

@@ -44,6 +44,13 @@ TEST(ManagerConfig, ValidationNamesTheField) {
   ExpectInvalid(stride, "rolling_stride_after_give_back -8");
   stride.rolling_stride_after_give_back = 16;
   EXPECT_TRUE(stride.Validate().ok()) << stride.Validate().ToString();
+  ManagerConfig memory = MakeConfig({16}, {Full(4), Window(8, 4)});
+  memory.branch_memory_entries = -1;
+  ExpectInvalid(memory, "branch_memory_entries -1");
+  memory.branch_memory_entries = (1 << 24) + 1;
+  ExpectInvalid(memory, "branch_memory_entries 16777217");
+  memory.branch_memory_entries = 0;
+  EXPECT_TRUE(memory.Validate().ok()) << memory.Validate().ToString();
   ExpectInvalid(MakeConfig({16}, {Full(1009), Window(8, 1013), Chunk(8, 1019)}), "lcm");
   // Two-level memory: 3 slabs of 5 pages make a pool of 16 blocks.
   ManagerConfig arena = MakeConfig({16}, {Full(4)});

@@ -172,6 +172,87 @@ TEST(WindowBranch, ARefusalDespiteThemChangesNothing) {
   d.Check();
 }
 
+// Requests 1 and 2 share the prefix while both run (a branch at 8, which the manager remembers);
+// then both end and every cached block is evicted, the prefix included.
+void BranchThenForget(Driver& d) {
+  d.Add(1, Prompt(1000));
+  d.Prefill(1);
+  d.Add(2, Prompt(2000));
+  ASSERT_EQ(d.Prefill(2).tokens, 8);
+  d.Free(1);
+  d.Free(2);
+  ASSERT_NO_FATAL_FAILURE(EvictAllFree(d, 90));
+}
+
+TEST(WindowBranch, ARememberedBranchIsKeptAfterItsPrefixWasEvicted) {
+  Driver d(WindowModel());
+  ASSERT_NO_FATAL_FAILURE(BranchThenForget(d));
+  // Request 3 computes the prefix again: the cache shows no branch (nothing of it is cached), but
+  // the memory does, so request 3 keeps the window a hit at 8 needs.
+  d.Add(3, Prompt(3000));
+  EXPECT_EQ(d.Prefill(3).tokens, 0);
+  const auto kept = SharedWindow(d, 3);
+  EXPECT_NE(kept[0], 0);
+  EXPECT_NE(kept[1], 0);
+  EXPECT_EQ(d.m().stats().remembered_branches_kept, 1);
+  // Its released window blocks are evicted while it runs; a request sharing the prefix still
+  // hits it.
+  ASSERT_NO_FATAL_FAILURE(EvictAllFree(d, 91));
+  d.Add(4, Prompt(4000));
+  EXPECT_EQ(d.Prefill(4).tokens, 8);
+  d.Free(3);
+  d.Free(4);
+  d.Check();
+  EXPECT_EQ(d.m().Usage(0).num_free, d.m().Usage(0).num_blocks);
+}
+
+TEST(WindowBranch, WithoutTheMemoryAnEvictedBranchIsForgotten) {
+  ManagerConfig c = WindowModel();
+  c.branch_memory_entries = 0;
+  Driver d(c);
+  ASSERT_NO_FATAL_FAILURE(BranchThenForget(d));
+  d.Add(3, Prompt(3000));
+  EXPECT_EQ(d.Prefill(3).tokens, 0);
+  EXPECT_EQ(SharedWindow(d, 3), (std::vector<int32_t>{0, 0}));
+  ASSERT_NO_FATAL_FAILURE(EvictAllFree(d, 91));
+  d.Add(4, Prompt(4000));
+  EXPECT_EQ(d.Prefill(4).tokens, 0);
+  EXPECT_EQ(d.m().stats().remembered_branches_kept, 0);
+  d.Free(3);
+  d.Free(4);
+}
+
+// Requests 1 and 2 share the prefix while both run and end; request 3 then hits the whole prefix
+// from the cache with nobody holding it: a branch only the memory knows. Whether request 3 keeps
+// the window there.
+bool KeepsARememberedBranchItHit(const ManagerConfig& c) {
+  Driver d(c);
+  d.Add(1, Prompt(1000));
+  d.Prefill(1);
+  d.Add(2, Prompt(2000));
+  EXPECT_EQ(d.Prefill(2).tokens, 8);
+  d.Free(1);
+  d.Free(2);
+  d.Add(3, Prompt(3000));
+  EXPECT_EQ(d.Prefill(3).tokens, 8);
+  const bool kept = d.Table(3, 1)[0] != 0;
+  EXPECT_EQ(d.m().stats().remembered_branches_kept, kept ? 1 : 0);
+  d.Free(3);
+  d.Check();
+  return kept;
+}
+
+TEST(WindowBranch, TheMemoryIsOffWithTwoLevelMemory) {
+  EXPECT_TRUE(KeepsARememberedBranchItHit(WindowModel()));
+  // A window class of its own draws whole slabs; the pages a kept window pins cannot serve the
+  // full-attention class, so there the memory is off and only the cache shows branches.
+  ManagerConfig c = MakeConfig({33, 33}, {Full(4, 0), Window(8, 4, 1)});
+  c.arena.num_slabs = 8;
+  c.arena.pages_per_slab = {4, 4};
+  ASSERT_TRUE(c.Validate().ok()) << c.Validate().ToString();
+  EXPECT_FALSE(KeepsARememberedBranchItHit(c));
+}
+
 TEST(WindowBranch, VllmOrderKeepsNothing) {
   // Without coherent eviction (vLLM's order, the padded allocator) windows are released as
   // they leave, and the shared prefix is lost while request 1 still holds its full attention.

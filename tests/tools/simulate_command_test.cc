@@ -239,6 +239,24 @@ TEST_F(SimulateCommandTest, RollingStrideAfterAGiveBack) {
   EXPECT_GT(given_back(every), 2 * given_back(strided));
 }
 
+// --branch-memory: on Gemma-2 (one pool) requests computing a system prompt again keep its
+// window for the requests after them, because the manager remembers where prefixes branched;
+// 0 turns the memory off.
+TEST_F(SimulateCommandTest, BranchMemory) {
+  WriteTrace(200);
+  args_.allocator = "hybridkv";
+  args_.json = true;
+  const nlohmann::json remembered = FirstRun();
+  args_.branch_memory = 0;
+  const nlohmann::json forgotten = FirstRun();
+  const auto kept = [](const nlohmann::json& run) {
+    return run["manager"]["remembered_branches_kept"].get<int64_t>();
+  };
+  EXPECT_GT(kept(remembered), 0);
+  EXPECT_EQ(kept(forgotten), 0);
+  EXPECT_GT(remembered["hit_rate"].get<double>(), forgotten["hit_rate"].get<double>());
+}
+
 TEST_F(SimulateCommandTest, TableCsvAndPlot) {
   args_.csv_dir = (dir_ / "csv").string();
   args_.plot = (dir_ / "modes.png").string();

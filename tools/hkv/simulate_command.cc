@@ -130,6 +130,7 @@ nlohmann::json RunJson(const Run& run, bool with_timings) {
                     {"hit_tokens", m.hit_tokens},
                     {"allocations_failed", m.allocations_failed},
                     {"branch_blocks_given_back", m.branch_blocks_given_back},
+                    {"remembered_branches_kept", m.remembered_branches_kept},
                     {"rolling_states_given_back", m.rolling_states_given_back},
                     {"uncovered_blocks_demoted", m.uncovered_blocks_demoted},
                     {"unreachable_checkpoints_demoted", m.unreachable_checkpoints_demoted},
@@ -249,6 +250,7 @@ bool SimulateRun(const Inputs& in, const SimulateArgs& args, Run& run, std::ostr
       allocator->config.rolling_stride_after_give_back =
           allocator->config.AlignUp(args.rolling_stride);
     }
+    if (args.branch_memory >= 0) allocator->config.branch_memory_entries = args.branch_memory;
     run.block_tokens = allocator->block_tokens;
     run.state_page_bytes = allocator->state_page_bytes;
     run.pool_block_bytes = allocator->pool_block_bytes;
@@ -401,6 +403,12 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
                   "the mode's hit alignment; 0: at every aligned position; default: the mode's, "
                   "4096)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 24));
+  cmd->add_option("--branch-memory", args.branch_memory,
+                  "hkv modes on window models with one pool: how many branch points (shared "
+                  "prefixes such as system prompts) to remember after their blocks are evicted, "
+                  "so that the next request computing one keeps its window for the requests "
+                  "after it (ManagerConfig::branch_memory_entries; 0: off; default 1024)")
+      ->check(CLI::Range(0, 1 << 24));
   cmd->add_flag("--oracle", args.oracle,
                 "also replay an `oracle` run: hybridkv's layout evicting Belady-style by the "
                 "trace's future (the next request that needs a prefix), and show every run's hit "

@@ -79,6 +79,7 @@ struct VerifyReport {
   int64_t dense_mismatches = 0;  // against the dense reference (== mismatches without policies)
   EngineCounters features;
   int64_t slabs_reclaimed = 0;  // two-level plans: slabs that moved from one class to another
+  bool two_level = false;       // the plan draws its pages from shared slabs
   // Recurrent models: the attention block vLLM's one-page-size (padded) allocator would need for
   // this scaled model in the same budget; a recurrent hit shorter than it exists only here.
   int32_t padded_block_tokens = 0;

@@ -88,6 +88,9 @@ struct ManagerStats {
   // Window/chunk blocks kept at branch points that Allocate gave back to the cache so that an
   // allocation short of blocks could succeed (not counted when it was refused anyway).
   int64_t branch_blocks_given_back = 0;
+  // Requests that kept their window blocks at a branch point only the manager's memory of
+  // branches showed (ManagerConfig::branch_memory_entries): the prefix had been evicted.
+  int64_t remembered_branches_kept = 0;
   // Rolling recurrent states (the newest aligned state a running request keeps, to publish when
   // it ends) that Allocate gave back for the same reason: published as cached checkpoints, or
   // dropped where the state was the request's live one (its step then writes in place).

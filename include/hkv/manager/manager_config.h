@@ -96,6 +96,13 @@ struct ManagerConfig {
   // spans) in a pool shared with full attention, which rejoin the order so that a tail evicted
   // from it leaves a shorter hit. false: vLLM's order (group by group, each tail first).
   bool coherent_eviction = true;
+  // With coherent eviction and one pool (no two-level memory): how many branch points the
+  // manager remembers after their blocks are evicted (the digest of each prefix where a request
+  // kept its window for a branch). A request computing such a prefix again keeps the window
+  // blocks a hit there needs, as if the branch were still cached, so the requests after it hit
+  // the prefix instead of only the one after next. A direct-mapped table of this many 16-byte
+  // digests (rounded up to a power of two); 0: off.
+  int32_t branch_memory_entries = 1024;
   // Allocate publishes the full blocks of known tokens that the step it opens completes, instead
   // of Commit: a request looked up while that step is open - later in the same batch - hits
   // them, as in vLLM, which caches blocks when it schedules them. For an engine that runs every
