@@ -36,21 +36,39 @@ TEST(PageStrategyTest, EqualGroupsTieAndTheSingleClassWins) {
   EXPECT_THAT(plan.page_classes[0].groups, ElementsAre(0, 1));
 }
 
-TEST(PageStrategyTest, FiveToOnePaddingLosesToTwoLevel) {
+TEST(PageStrategyTest, SmallPaddingKeepsOnePool) {
   // 13 sliding + 2 full layers at T = 128: single class cuts the sliding group into 7 pairs, the
-  // last padded by one layer that wastes 2 blocks of 512 bytes.
+  // last padded by one layer that wastes 2 blocks of 512 bytes, 4.5% of the 22528-byte sequence.
+  // Two level wastes nothing, but one pool is worth up to 5%: eviction keeps every group of a
+  // prefix together there, and a freed block serves any group.
   const Plan plan = MustPlan(Gemma3Like(), Options());
   EXPECT_EQ(CandidateOf(plan, PageStrategy::kSingleClass).wasted_bytes, 2 * kLayerBlockBytes);
+  EXPECT_EQ(CandidateOf(plan, PageStrategy::kSingleClass).sequence_bytes, 44 * kLayerBlockBytes);
   EXPECT_EQ(CandidateOf(plan, PageStrategy::kSingleClass).num_groups, 8);
   EXPECT_EQ(CandidateOf(plan, PageStrategy::kMultiClass).wasted_bytes, 0);
   EXPECT_EQ(CandidateOf(plan, PageStrategy::kMultiClass).num_classes, 2);
-  // Pages of 6656 and 1024 bytes: two of the larger make a 13312-byte slab with no tail, so
+  EXPECT_EQ(CandidateOf(plan, PageStrategy::kTwoLevel).wasted_bytes, 0);
+  EXPECT_EQ(plan.strategy, PageStrategy::kSingleClass);
+  ASSERT_EQ(plan.page_classes.size(), 1u);
+  EXPECT_FALSE(plan.arena.enabled());
+}
+
+TEST(PageStrategyTest, LargePaddingLosesToTwoLevel) {
+  // 3 sliding + 2 full layers at T = 128: single class pairs the layers, and the second sliding
+  // pair is padded by a layer holding 2 blocks of 512 bytes, 8.3% of the sequence.
+  const ModelSpec m =
+      Model("three-two", {Sliding(0, 32), Full(1), Sliding(2, 32), Full(3), Sliding(4, 32)});
+  const Plan plan = MustPlan(m, Options());
+  const PageCandidate& single = CandidateOf(plan, PageStrategy::kSingleClass);
+  EXPECT_EQ(single.wasted_bytes, 2 * kLayerBlockBytes);
+  EXPECT_EQ(single.sequence_bytes, 24 * kLayerBlockBytes);
+  // Pages of 1536 and 1024 bytes: two of the larger make a 3072-byte slab with no tail, so
   // sharing slabs costs nothing here and auto takes it.
   EXPECT_EQ(CandidateOf(plan, PageStrategy::kTwoLevel).wasted_bytes, 0);
   EXPECT_EQ(plan.strategy, PageStrategy::kTwoLevel);
-  EXPECT_EQ(plan.arena.slab_bytes, 13312);
+  EXPECT_EQ(plan.arena.slab_bytes, 6 * kLayerBlockBytes);
   ASSERT_EQ(plan.page_classes.size(), 2u);
-  EXPECT_EQ(plan.page_classes[0].page_bytes, 13 * kLayerBlockBytes);
+  EXPECT_EQ(plan.page_classes[0].page_bytes, 3 * kLayerBlockBytes);
   EXPECT_EQ(plan.page_classes[1].page_bytes, 2 * kLayerBlockBytes);
   EXPECT_EQ(plan.groups[0].page_class, 0);
   EXPECT_EQ(plan.groups[1].page_class, 1);

@@ -272,7 +272,7 @@ TEST(PlanCommandTest, PaddedOnBambaByHand) {
   EXPECT_EQ(j["sequence"]["ideal_bytes"], 263613952);
 }
 
-TEST(PlanCommandTest, HybridKVIsWithinOnePercentOfTheBlockRoundingFloor) {
+TEST(PlanCommandTest, HybridKVIsNearTheBlockRoundingFloor) {
   for (const char* name : kAllocatorModels) {
     const ModelSpec m = LoadSpec(name);
     const nlohmann::json j = Json(RunPlan(AllocatorArgs(name)));
@@ -289,7 +289,10 @@ TEST(PlanCommandTest, HybridKVIsWithinOnePercentOfTheBlockRoundingFloor) {
       }
       const int64_t bytes = AtLength(hybrid, t)["bytes_per_sequence"].get<int64_t>();
       EXPECT_GE(bytes, floor) << name << " " << t;
-      EXPECT_LE(static_cast<double>(bytes), 1.01 * static_cast<double>(floor)) << name << " " << t;
+      // A single class that pads a group is taken for its one pool while the padding costs at
+      // most 5% of the planning-point sequence (Gemma-3-4B: 2% at 100 and 1000 tokens).
+      const double slack = j["strategy"] == "single_class" ? 1.05 : 1.01;
+      EXPECT_LE(static_cast<double>(bytes), slack * static_cast<double>(floor)) << name << " " << t;
     }
   }
 }
