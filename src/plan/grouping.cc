@@ -12,10 +12,17 @@ int64_t PageBytesOf(const ModelSpec& model, const std::vector<int32_t>& layers,
   return bytes;
 }
 
-std::vector<KvGroup> FormGroups(const ModelSpec& model, int32_t block_tokens) {
+std::vector<KvGroup> FormGroups(const ModelSpec& model, int32_t block_tokens,
+                                int64_t max_model_len) {
   std::vector<KvGroup> groups;
   for (size_t i = 0; i < model.layers.size(); ++i) {
-    const TokenRule rule = TokenRuleOf(model.layers[i]);
+    TokenRule rule = TokenRuleOf(model.layers[i]);
+    // A separate group would cost a block table, its own blocks and every per-group step of the
+    // manager for the same tokens full attention keeps.
+    if ((rule.kind == TokenRuleKind::kWindow || rule.kind == TokenRuleKind::kChunk) &&
+        rule.span >= max_model_len) {
+      rule = {TokenRuleKind::kAll, 0, 0};
+    }
     if (rule.kind == TokenRuleKind::kNothing) continue;
     // Models have a handful of distinct rules, so a linear search beats any map.
     KvGroup* group = nullptr;

@@ -18,7 +18,8 @@ Result<Plan> MakePlan(const ModelSpec& model, const PlanOptions& options) {
   plan.warnings = model.warnings;
   HKV_ASSIGN_OR_RETURN(plan.options, ResolveOptions(model, options, plan.warnings));
 
-  const std::vector<KvGroup> rule_groups = FormGroups(model, plan.options.block_tokens);
+  const std::vector<KvGroup> rule_groups =
+      FormGroups(model, plan.options.block_tokens, plan.options.max_model_len);
   if (rule_groups.empty()) {
     return Status::InvalidArgument(
         fmt::format("{}: no layer keeps KV cache or recurrent state, so there is nothing to plan",

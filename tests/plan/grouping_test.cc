@@ -82,5 +82,27 @@ TEST(GroupingTest, CrossAttentionAndChunkedLayersGetTheirOwnRules) {
   EXPECT_THAT(mllama.groups.back().layers, ElementsAre(3, 8));
 }
 
+TEST(GroupingTest, AWindowOrChunkAsLongAsTheLongestRequestIsFullAttention) {
+  // Windows of 32 and 64 and a chunk of 64 tokens: with requests of at most 64 tokens the 64s
+  // keep everything and join full attention; the 32-token window stays a window.
+  const ModelSpec m = Model(
+      "long-windows", {Sliding(0, 32), Sliding(1, 64), Full(2), Chunked(3, 64), Sliding(4, 32)});
+  PlanOptions o = Options();
+  o.strategy = PageStrategy::kMultiClass;
+  o.max_model_len = 64;
+  const Plan plan = MustPlan(m, o);
+  ASSERT_EQ(plan.groups.size(), 2u);
+  EXPECT_EQ(plan.groups[0].rule, (TokenRule{TokenRuleKind::kWindow, 32, 0}));
+  EXPECT_THAT(plan.groups[0].layers, ElementsAre(0, 4));
+  EXPECT_EQ(plan.groups[1].rule, (TokenRule{TokenRuleKind::kAll, 0, 0}));
+  EXPECT_THAT(plan.groups[1].layers, ElementsAre(1, 2, 3));
+  // One token longer and both are windows again.
+  o.max_model_len = 65;
+  const Plan longer = MustPlan(m, o);
+  ASSERT_EQ(longer.groups.size(), 4u);
+  EXPECT_EQ(longer.groups[1].rule, (TokenRule{TokenRuleKind::kWindow, 64, 0}));
+  EXPECT_EQ(longer.groups[3].rule, (TokenRule{TokenRuleKind::kChunk, 64, 0}));
+}
+
 }  // namespace
 }  // namespace hkv::testing
