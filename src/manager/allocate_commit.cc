@@ -193,7 +193,17 @@ Status KvCacheManager::Impl::Allocate(Request& r, int64_t num_new, const PrefixH
   ApplyStep(r, s);
   if (!r.started) r.own_from = begin;
   // A started request keeps its own (a give-back above may have cleared it).
-  if (!r.started) r.window_branch = window_branch;
+  if (!r.started) {
+    r.window_branch = window_branch;
+    // A remembered branch inside the hit (a system prompt before a previous turn's end): the
+    // request holds its window blocks that are still cached, as it keeps its own at a branch.
+    // Otherwise, while follow-up turns keep the prompt's full-attention blocks recent, nothing
+    // refreshes its window, which ages out, and the next request sharing only the prompt misses.
+    if (window_branch > 0 && window_branch < hit.tokens) {
+      for (const auto& g : groups)
+        g->HoldBranchWindow(r);
+    }
+  }
   r.divergence = divergence;
   OpenStep(r, s);
   return Status::Ok();

@@ -170,6 +170,9 @@ class GroupManager {
 
   // ---- window/chunk branch points (WindowGroup; nothing for other kinds).
   virtual void GiveBackBranch(Request& q, std::vector<GivenBack>& out);
+  // First Allocate, with Request::window_branch inside the hit: hold the blocks a hit there
+  // needs that are still cached (window and chunk groups; the rest hold nothing more).
+  virtual void HoldBranchWindow(Request&) {}
   // ---- rolling recurrent states (StateGroup; nothing for other kinds): the request's rolling
   // state is cache, not need. `allocating`: q is the request being allocated, whose rolling state
   // shared with its live one would make its step write elsewhere; another request's such state

@@ -190,6 +190,7 @@ class WindowGroup final : public TokenGroup {
   void Commit(Request& r, int64_t computed, int64_t publish_limit) override;
   void CollectForRelease(Request& r, std::vector<std::pair<int64_t, int32_t>>& out) override;
   void GiveBackBranch(Request& q, std::vector<GivenBack>& out) override;
+  void HoldBranchWindow(Request& r) override;
   void RestoreGivenBack(const GivenBack& g) override;
 
  private:

@@ -149,6 +149,23 @@ void WindowGroup::GiveBackBranch(Request& q, std::vector<GivenBack>& out) {
   }
 }
 
+void WindowGroup::HoldBranchWindow(Request& r) {
+  // The hit took only the window before its end; the branch's lies further back, where the
+  // table is empty. Blocks the step's fresh allocation evicted are simply gone.
+  TokenSlot& ts = slot_at(r.slot);
+  const NeededBlocks branch = Needed(r.window_branch);
+  const BlockPool& bp = block_pool();
+  const int64_t hi = std::min<int64_t>(branch.hi, static_cast<int64_t>(ts.table.size()));
+  for (int64_t j = std::max(branch.lo, branch.sinks); j < hi; ++j) {
+    int32_t& b = ts.table[static_cast<size_t>(j)];
+    if (b != BlockPool::kNullBlock) continue;
+    const int32_t cached = bp.Find(Key(r, j));
+    if (cached <= BlockPool::kNullBlock) continue;
+    core_.AcquireHeld(pool(), cached);
+    b = cached;
+  }
+}
+
 void WindowGroup::RestoreGivenBack(const GivenBack& g) {
   // Nothing was allocated in between, so the block still holds what it held.
   Must(block_pool().Reacquire(g.block));

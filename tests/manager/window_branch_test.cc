@@ -206,6 +206,33 @@ TEST(WindowBranch, ARememberedBranchIsKeptAfterItsPrefixWasEvicted) {
   EXPECT_EQ(d.m().Usage(0).num_free, d.m().Usage(0).num_blocks);
 }
 
+TEST(WindowBranch, AFollowUpHoldsTheRememberedBranchInsideItsHit) {
+  // Request 3 continues request 1's conversation: its hit (24) passes the shared prefix's
+  // branch point (8), whose window blocks its hit does not take. It holds them while it runs,
+  // so they stay cached with the prefix's full-attention blocks it holds anyway.
+  Driver d(WindowModel());
+  d.Add(1, Prompt(1000));
+  d.Prefill(1);
+  d.Add(2, Prompt(2000));
+  ASSERT_EQ(d.Prefill(2).tokens, 8);
+  d.Free(1);
+  d.Free(2);
+  d.Add(3, Concat(Prompt(1000), Seq(16, 7000)));
+  EXPECT_EQ(d.Prefill(3).tokens, 24);
+  const auto held = SharedWindow(d, 3);
+  EXPECT_NE(held[0], 0);
+  EXPECT_NE(held[1], 0);
+  EXPECT_EQ(d.m().stats().remembered_branches_kept, 1);
+  d.Check();
+  ASSERT_NO_FATAL_FAILURE(EvictAllFree(d, 90));
+  d.Add(4, Prompt(4000));
+  EXPECT_EQ(d.Prefill(4).tokens, 8);
+  d.Free(3);
+  d.Free(4);
+  d.Check();
+  EXPECT_EQ(d.m().Usage(0).num_free, d.m().Usage(0).num_blocks);
+}
+
 TEST(WindowBranch, WithoutTheMemoryAnEvictedBranchIsForgotten) {
   ManagerConfig c = WindowModel();
   c.branch_memory_entries = 0;
