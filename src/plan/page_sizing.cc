@@ -158,8 +158,7 @@ Result<size_t> ChooseCandidate(const std::vector<Candidate>& candidates, PageStr
   // One pool is worth its padding up to 5% of a sequence: every group's blocks then share one
   // free list, so eviction keeps a prefix's groups together and any freed block serves any group,
   // where separate classes drift apart and hand memory over only a whole slab at a time
-  // (Gemma-3-4B, 2.1% of padding at a 3,800-token sequence: docs/plan.md, "Choosing a
-  // strategy").
+  // (Gemma-3-4B, 2.1% of padding at a 3,800-token sequence: docs/plan.md, "Page strategy").
   for (size_t i = 0; i < candidates.size(); ++i) {
     const PageCandidate& s = candidates[i].summary;
     if (s.strategy == PageStrategy::kSingleClass && s.feasible &&

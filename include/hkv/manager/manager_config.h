@@ -100,8 +100,9 @@ struct ManagerConfig {
   // manager remembers after their blocks are evicted (the digest of each prefix where a request
   // kept its window for a branch). A request computing such a prefix again keeps the window
   // blocks a hit there needs, as if the branch were still cached, so the requests after it hit
-  // the prefix instead of only the one after next. A direct-mapped table of this many 16-byte
-  // digests (rounded up to a power of two); 0: off.
+  // the prefix instead of only the one after next; a request whose hit passes such a branch
+  // holds its window blocks still cached. A direct-mapped table of this many 16-byte digests
+  // (rounded up to a power of two); 0: off.
   int32_t branch_memory_entries = 1024;
   // Allocate publishes the full blocks of known tokens that the step it opens completes, instead
   // of Commit: a request looked up while that step is open - later in the same batch - hits
