@@ -125,7 +125,8 @@ CLI::App* AddPlanCommand(CLI::App& app, PlanArgs& args) {
   cmd->add_option("--layout", args.layout, "tensor layout: canonical or per-layer")
       ->capture_default_str();
   cmd->add_option("--strategy", args.strategy,
-                  "page sizing: auto (fewest wasted bytes), single (one page size), multi")
+                  "page sizing: auto (one page size when its padding is at most 5% of a sequence, "
+                  "else fewest wasted bytes), single (one page size), multi")
       ->capture_default_str();
   cmd->add_flag("--json", args.json, "print one JSON document instead of tables");
   cmd->add_flag("--show-layout", args.show_layout, "list every tensor view of the layout");
