@@ -17,6 +17,7 @@
 // Private to src/manager.
 #pragma once
 
+#include <algorithm>
 #include <bit>
 #include <cstdint>
 #include <vector>
@@ -32,6 +33,7 @@ class BranchMemory {
         mask_(slots_.empty() ? 0 : slots_.size() - 1) {}
 
   bool enabled() const { return !slots_.empty(); }
+  void Clear() { std::fill(slots_.begin(), slots_.end(), BlockHash{}); }
   void Remember(const BlockHash& h) {
     if (enabled()) slots_[h.lo & mask_] = h;
   }

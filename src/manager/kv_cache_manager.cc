@@ -34,10 +34,12 @@ KvCacheManager::Impl::Impl(const ManagerConfig& c) : core(c), config(core.config
     if (groups.back()->RestrictsCommit()) commit_checkers.push_back(groups.back().get());
     if (groups.back()->WorksOnFreeStep()) free_step_workers.push_back(groups.back().get());
   }
-  // With two-level memory a window class's kept pages cannot serve a full-attention allocation
-  // unless whole slabs empty, so keeping windows for remembered branches turned refusals into
-  // preemptions there (docs/manager.md, "Windows at branch points").
-  if (has_window_groups && config.coherent_eviction && !config.arena.enabled())
+  // One pool only. With two-level memory a window class's kept pages cannot serve a
+  // full-attention allocation unless whole slabs empty, so keeping windows for remembered
+  // branches turned refusals into preemptions there (docs/manager.md, "Windows at branch
+  // points"); fixed classes cannot trade pages at all, and were not measured.
+  if (has_window_groups && config.coherent_eviction && config.pool_blocks.size() == 1 &&
+      !config.arena.enabled())
     branches = manager_internal::BranchMemory(config.branch_memory_entries);
   if (config.publish_at_allocate && config.enable_prefix_caching && !has_state_groups) {
     for (size_t g = 0; g < groups.size(); ++g)
@@ -334,6 +336,7 @@ Status KvCacheManager::ResetPrefixCache() {
     bp.TakeDropped(m.core.dropped);  // nothing of it is cached any more
   }
   m.core.coverage.Clear();
+  m.branches.Clear();  // a reset manager behaves as a new one
   return Status::Ok();
 }
 

@@ -121,7 +121,7 @@ void WindowGroup::CollectForRelease(Request& r, std::vector<std::pair<int64_t, i
       // Released when it left the window; if it is still cached and nobody holds it, it
       // rejoins the eviction order at its position, next to the other groups' blocks.
       const int32_t cached = bp.Find(Key(r, static_cast<int64_t>(j)));
-      if (cached <= BlockPool::kNullBlock || bp.ref_count(cached) != 0) continue;
+      if (cached <= BlockPool::kNullBlock) continue;
       core_.AcquireHeld(pool(), cached);
       b = cached;
     }
@@ -151,7 +151,9 @@ void WindowGroup::GiveBackBranch(Request& q, std::vector<GivenBack>& out) {
 
 void WindowGroup::HoldBranchWindow(Request& r) {
   // The hit took only the window before its end; the branch's lies further back, where the
-  // table is empty. Blocks the step's fresh allocation evicted are simply gone.
+  // table is empty. Blocks the step's fresh allocation evicted are simply gone. A block some
+  // request holds is alive without this one (and may be one another request published at its
+  // Allocate in this batch, whose Commit a second holder would then constrain): only free ones.
   TokenSlot& ts = slot_at(r.slot);
   const NeededBlocks branch = Needed(r.window_branch);
   const BlockPool& bp = block_pool();
@@ -160,7 +162,7 @@ void WindowGroup::HoldBranchWindow(Request& r) {
     int32_t& b = ts.table[static_cast<size_t>(j)];
     if (b != BlockPool::kNullBlock) continue;
     const int32_t cached = bp.Find(Key(r, j));
-    if (cached <= BlockPool::kNullBlock) continue;
+    if (cached <= BlockPool::kNullBlock || bp.ref_count(cached) != 0) continue;
     core_.AcquireHeld(pool(), cached);
     b = cached;
   }

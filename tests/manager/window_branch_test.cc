@@ -233,6 +233,48 @@ TEST(WindowBranch, AFollowUpHoldsTheRememberedBranchInsideItsHit) {
   EXPECT_EQ(d.m().Usage(0).num_free, d.m().Usage(0).num_blocks);
 }
 
+TEST(WindowBranch, AFollowUpLeavesABranchWindowAnotherRequestHolds) {
+  // Request 5 keeps the shared prefix's window (a remembered branch at its hit); a follow-up
+  // passing the branch then holds nothing more: the blocks are alive while request 5 runs, and
+  // a second holder would only tie them to another request's step.
+  Driver d(WindowModel());
+  d.Add(1, Prompt(1000));
+  d.Prefill(1);
+  d.Add(2, Prompt(2000));
+  ASSERT_EQ(d.Prefill(2).tokens, 8);
+  d.Free(1);
+  d.Free(2);
+  d.Add(5, Prompt(5000));
+  ASSERT_EQ(d.Prefill(5).tokens, 8);
+  const auto kept = SharedWindow(d, 5);
+  ASSERT_NE(kept[0], 0);
+  ASSERT_NE(kept[1], 0);
+  d.Add(3, Concat(Prompt(1000), Seq(16, 7000)));
+  EXPECT_EQ(d.Prefill(3).tokens, 24);
+  EXPECT_EQ(SharedWindow(d, 3), (std::vector<int32_t>{0, 0}));
+  d.Check();
+  d.Free(5);
+  d.Free(3);
+  d.Check();
+}
+
+TEST(WindowBranch, AResetPrefixCacheForgetsTheRememberedBranches) {
+  Driver d(WindowModel());
+  d.Add(1, Prompt(1000));
+  d.Prefill(1);
+  d.Add(2, Prompt(2000));
+  ASSERT_EQ(d.Prefill(2).tokens, 8);
+  d.Free(1);
+  d.Free(2);
+  ASSERT_TRUE(d.m().ResetPrefixCache().ok());
+  d.Add(3, Prompt(3000));
+  EXPECT_EQ(d.Prefill(3).tokens, 0);
+  EXPECT_EQ(SharedWindow(d, 3), (std::vector<int32_t>{0, 0}));
+  EXPECT_EQ(d.m().stats().remembered_branches_kept, 0);
+  d.Free(3);
+  d.Check();
+}
+
 TEST(WindowBranch, WithoutTheMemoryAnEvictedBranchIsForgotten) {
   ManagerConfig c = WindowModel();
   c.branch_memory_entries = 0;

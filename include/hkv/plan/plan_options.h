@@ -21,7 +21,8 @@ enum class TensorLayout : unsigned char {
 
 // How group pages are sized.
 enum class PageStrategy : unsigned char {
-  kAuto,         // the candidate with the fewest wasted bytes at the planning point
+  kAuto,  // single class if its padding is at most 5% of the planning point's sequence, else the
+          // candidate with the fewest wasted bytes there
   kSingleClass,  // one page size: groups split/padded to equal layer counts (RFC milestone 1)
   kMultiClass,   // one page class per distinct group page size, each its own fixed buffer
   kTwoLevel,     // one page class per distinct page size, all carved from shared slabs on demand
