@@ -173,14 +173,19 @@ TEST(WindowBranch, ARefusalDespiteThemChangesNothing) {
 }
 
 // Requests 1 and 2 share the prefix while both run (a branch at 8, which the manager remembers);
-// then both end and every cached block is evicted, the prefix included.
-void BranchThenForget(Driver& d) {
+// then both end, the prefix still cached.
+void BranchAndEnd(Driver& d) {
   d.Add(1, Prompt(1000));
   d.Prefill(1);
   d.Add(2, Prompt(2000));
   ASSERT_EQ(d.Prefill(2).tokens, 8);
   d.Free(1);
   d.Free(2);
+}
+
+// BranchAndEnd, then every cached block is evicted, the prefix included.
+void BranchThenForget(Driver& d) {
+  ASSERT_NO_FATAL_FAILURE(BranchAndEnd(d));
   ASSERT_NO_FATAL_FAILURE(EvictAllFree(d, 90));
 }
 
@@ -211,12 +216,7 @@ TEST(WindowBranch, AFollowUpHoldsTheRememberedBranchInsideItsHit) {
   // branch point (8), whose window blocks its hit does not take. It holds them while it runs,
   // so they stay cached with the prefix's full-attention blocks it holds anyway.
   Driver d(WindowModel());
-  d.Add(1, Prompt(1000));
-  d.Prefill(1);
-  d.Add(2, Prompt(2000));
-  ASSERT_EQ(d.Prefill(2).tokens, 8);
-  d.Free(1);
-  d.Free(2);
+  ASSERT_NO_FATAL_FAILURE(BranchAndEnd(d));
   d.Add(3, Concat(Prompt(1000), Seq(16, 7000)));
   EXPECT_EQ(d.Prefill(3).tokens, 24);
   const auto held = SharedWindow(d, 3);
@@ -238,12 +238,7 @@ TEST(WindowBranch, AFollowUpLeavesABranchWindowAnotherRequestHolds) {
   // passing the branch then holds nothing more: the blocks are alive while request 5 runs, and
   // a second holder would only tie them to another request's step.
   Driver d(WindowModel());
-  d.Add(1, Prompt(1000));
-  d.Prefill(1);
-  d.Add(2, Prompt(2000));
-  ASSERT_EQ(d.Prefill(2).tokens, 8);
-  d.Free(1);
-  d.Free(2);
+  ASSERT_NO_FATAL_FAILURE(BranchAndEnd(d));
   d.Add(5, Prompt(5000));
   ASSERT_EQ(d.Prefill(5).tokens, 8);
   const auto kept = SharedWindow(d, 5);
@@ -260,12 +255,7 @@ TEST(WindowBranch, AFollowUpLeavesABranchWindowAnotherRequestHolds) {
 
 TEST(WindowBranch, AResetPrefixCacheForgetsTheRememberedBranches) {
   Driver d(WindowModel());
-  d.Add(1, Prompt(1000));
-  d.Prefill(1);
-  d.Add(2, Prompt(2000));
-  ASSERT_EQ(d.Prefill(2).tokens, 8);
-  d.Free(1);
-  d.Free(2);
+  ASSERT_NO_FATAL_FAILURE(BranchAndEnd(d));
   ASSERT_TRUE(d.m().ResetPrefixCache().ok());
   d.Add(3, Prompt(3000));
   EXPECT_EQ(d.Prefill(3).tokens, 0);
@@ -296,12 +286,7 @@ TEST(WindowBranch, WithoutTheMemoryAnEvictedBranchIsForgotten) {
 // the window there.
 bool KeepsARememberedBranchItHit(const ManagerConfig& c) {
   Driver d(c);
-  d.Add(1, Prompt(1000));
-  d.Prefill(1);
-  d.Add(2, Prompt(2000));
-  EXPECT_EQ(d.Prefill(2).tokens, 8);
-  d.Free(1);
-  d.Free(2);
+  BranchAndEnd(d);
   d.Add(3, Prompt(3000));
   EXPECT_EQ(d.Prefill(3).tokens, 8);
   const bool kept = d.Table(3, 1)[0] != 0;
