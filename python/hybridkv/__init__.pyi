@@ -67,6 +67,8 @@ class ManagerConfig:
     prompt_checkpoints: bool
     rolling_stride_after_give_back: int
     branch_memory_entries: int
+    branch_bonus: float
+    branch_bonus_levels: int
     record_events: bool
     def __init__(self) -> None: ...
     @staticmethod
@@ -180,6 +182,7 @@ class ManagerStats:
     recomputed_tokens: int
     branch_blocks_given_back: int
     remembered_branches_kept: int
+    shared_prefixes_marked: int
     rolling_states_given_back: int
     uncovered_blocks_demoted: int
     unreachable_checkpoints_demoted: int

@@ -270,6 +270,7 @@ void BindStatsTypes(py::module_& m) {
       .def_readonly("recomputed_tokens", &ManagerStats::recomputed_tokens)
       .def_readonly("branch_blocks_given_back", &ManagerStats::branch_blocks_given_back)
       .def_readonly("remembered_branches_kept", &ManagerStats::remembered_branches_kept)
+      .def_readonly("shared_prefixes_marked", &ManagerStats::shared_prefixes_marked)
       .def_readonly("rolling_states_given_back", &ManagerStats::rolling_states_given_back)
       .def_readonly("uncovered_blocks_demoted", &ManagerStats::uncovered_blocks_demoted)
       .def_readonly("unreachable_checkpoints_demoted",

@@ -127,6 +127,8 @@ void BindConfigs(py::module_& m) {
       .def_readwrite("rolling_stride_after_give_back",
                      &ManagerConfig::rolling_stride_after_give_back)
       .def_readwrite("branch_memory_entries", &ManagerConfig::branch_memory_entries)
+      .def_readwrite("branch_bonus", &ManagerConfig::branch_bonus)
+      .def_readwrite("branch_bonus_levels", &ManagerConfig::branch_bonus_levels)
       .def_readwrite("record_events", &ManagerConfig::record_events)
       .def(
           "validate", [](const ManagerConfig& c) { Check(c.Validate()); },

@@ -531,3 +531,20 @@ def test_without_prompt_checkpoints_a_repeated_prompt_is_checkpointed_at_its_bra
         mgr.check_invariants()
     assert hits[True] == [96, 96]
     assert hits[False] == [0, 96]
+
+
+def test_a_prefix_two_requests_branch_from_is_marked_shared():
+    c = full_attention_config(num_blocks=17)
+    c.branch_bonus = 1.0
+    mgr = hybridkv.KvCacheManager(c)
+    prompt = list(range(100, 108))  # two blocks every request starts with
+    run_prompt(mgr, 1, prompt + list(range(1000, 1008)))
+    mgr.free(1)
+    assert mgr.stats.shared_prefixes_marked == 0
+    assert run_prompt(mgr, 2, prompt + list(range(2000, 2008))).tokens == 8
+    assert mgr.stats.shared_prefixes_marked == 1
+    mgr.free(2)
+    mgr.check_invariants()
+    c.branch_bonus = -1.0
+    with pytest.raises(hybridkv.InvalidArgumentError, match="branch_bonus -1"):
+        hybridkv.KvCacheManager(c)

@@ -90,9 +90,12 @@ def test_hand_made_config_is_validated():
     c.validate()
     assert c.hash_tokens == 4 and c.align_tokens == 4
     for name in ("checkpoint_interval", "max_interval_checkpoints", "state_align_tokens",
-                 "max_encoder_tokens", "rolling_stride_after_give_back", "branch_memory_entries"):
+                 "max_encoder_tokens", "rolling_stride_after_give_back", "branch_memory_entries",
+                 "branch_bonus_levels"):
         setattr(c, name, 3)
         assert getattr(c, name) == 3
+    c.branch_bonus = 0.5
+    assert c.branch_bonus == 0.5
     for name in ("enable_prefix_caching", "demote_superseded_checkpoints", "drop_last_hit_block",
                  "coherent_eviction", "evict_uncovered", "prompt_checkpoints", "record_events"):
         setattr(c, name, False)

@@ -646,6 +646,7 @@ Status Engine::Impl::Step() {
   counters_.branch_blocks_given_back = ms.branch_blocks_given_back;
   counters_.rolling_states_given_back = ms.rolling_states_given_back;
   counters_.remembered_branches_kept = ms.remembered_branches_kept;
+  counters_.shared_prefixes_marked = ms.shared_prefixes_marked;
   counters_.coverage_demotions =
       ms.uncovered_blocks_demoted + ms.unreachable_checkpoints_demoted + ms.superseded_hits_demoted;
   // No step is open between scheduler steps: pages may move now, before anything reads them.

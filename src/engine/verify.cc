@@ -308,6 +308,7 @@ Result<VerifyReport> RunVerify(const ModelSpec& real, const VerifyOptions& o) {
   config.checkpoint_interval = 2 * config.align_tokens();
   config.prompt_checkpoints = o.prompt_checkpoints;
   config.eviction_rank = o.eviction_rank;
+  config.branch_bonus = o.branch_bonus;
   config.rolling_stride_after_give_back = config.AlignUp(o.rolling_stride_after_give_back);
   config.publish_at_allocate = o.batched;
   // Every third seed runs as an EAGLE-style engine would: hits end one block early.

@@ -196,12 +196,62 @@ void CacheCore::PublishBlock(int32_t pool, int32_t block, const PrefixKey& key, 
     from.parent = HashAt(r, before);
   }
   Must(bp.Publish(block, key, from));
+  if (share_branches && bp.has_identity(block)) {
+    if (state) {
+      ShareCheckpoint(key.group, block, r, position);
+    } else if (IsDecoderTokens(config.groups[static_cast<size_t>(key.group)])) {
+      NoteContinuation(key, r, position);
+    }
+  }
   // Counted only when this block took the key: a copy of a checkpoint already cached stays
   // private and covers nothing more.
   if (cover && group_cover[static_cast<size_t>(key.group)] == kCoverState &&
       bp.has_identity(block)) {
     const auto n = std::min(r.hashes.size(), static_cast<size_t>(position / hash_tokens));
     coverage.Cover({r.hashes.data(), n}, position == r.divergence);
+  }
+}
+
+void CacheCore::NoteContinuation(const PrefixKey& child, const Request& r, int64_t position) {
+  if (position <= 0) return;
+  const int32_t group = child.group;
+  BlockPool& bp = pools[static_cast<size_t>(config.groups[static_cast<size_t>(group)].pool)];
+  const int32_t parent = bp.Find({HashAt(r, position), group});
+  if (parent <= BlockPool::kNullBlock) return;  // a window group's parent may be gone
+  const Result<int32_t> count = bp.AddContinuation(parent, static_cast<uint32_t>(child.hash.lo));
+  Must(count.status());
+  const int32_t level = std::min(*count, config.branch_bonus_levels + 1);
+  // Marked already at this level (by another group, or an earlier request): its prefix is too.
+  if (level < 2 || bp.share_level(parent) >= level) return;
+  ++stats.shared_prefixes_marked;
+  for (size_t g = 0; g < config.groups.size(); ++g) {
+    const GroupConfig& gc = config.groups[g];
+    BlockPool& gp = pools[static_cast<size_t>(gc.pool)];
+    const auto gi = static_cast<int32_t>(g);
+    if (gc.is_state()) {
+      const int32_t b = gp.Find({HashAt(r, position), gi});
+      if (b > BlockPool::kNullBlock) Must(gp.MarkShared(b, level));
+    } else if (IsDecoderTokens(gc)) {
+      for (int64_t end = gc.block_tokens; end <= position; end += gc.block_tokens) {
+        const int32_t b = gp.Find({HashAt(r, end), gi});
+        if (b > BlockPool::kNullBlock) Must(gp.MarkShared(b, level));
+      }
+    }
+  }
+}
+
+void CacheCore::ShareCheckpoint(int32_t group, int32_t block, const Request& r, int64_t position) {
+  if (position <= 0) return;
+  for (size_t g = 0; g < config.groups.size(); ++g) {
+    const GroupConfig& gc = config.groups[g];
+    if (gc.rule.kind != TokenRuleKind::kAll || position % gc.block_tokens != 0) continue;
+    const BlockPool& gp = pools[static_cast<size_t>(gc.pool)];
+    const int32_t b = gp.Find({HashAt(r, position), static_cast<int32_t>(g)});
+    if (b > BlockPool::kNullBlock && gp.share_level(b) >= 2) {
+      Must(pools[static_cast<size_t>(config.groups[static_cast<size_t>(group)].pool)].MarkShared(
+          block, gp.share_level(b)));
+    }
+    return;
   }
 }
 

@@ -110,6 +110,13 @@ struct CacheCore {
   // prefix is also counted as covered (checkpoint_coverage.h).
   void PublishBlock(int32_t pool, int32_t block, const PrefixKey& key, const Request& r,
                     int64_t position = -1);
+  // Shared prefixes (ManagerConfig::branch_bonus): the token block `child` starting at
+  // `position` took its identity, so its parent gained a continuation; at the second and later
+  // ones every block of the prefix up to it, in every decoder token group, and the checkpoints at
+  // its end, are marked shared. A checkpoint published at `position` takes the share level of the
+  // full-attention block ending there.
+  void NoteContinuation(const PrefixKey& child, const Request& r, int64_t position);
+  void ShareCheckpoint(int32_t group, int32_t block, const Request& r, int64_t position);
   // Whether every pool can supply `need` (per pool) while keeping `hit_keep`; with two-level
   // memory, moves slabs so that it can (nothing moves when it cannot). kResourceExhausted
   // naming the short pool otherwise.
@@ -152,6 +159,7 @@ struct CacheCore {
   std::vector<int64_t> need;
   std::vector<PoolBlock> hit_keep;
 
+  bool share_branches = false;  // ManagerConfig::branch_bonus is on (KvCacheManager::Create)
   bool cover = false;
   CheckpointCoverage coverage;
   static constexpr uint8_t kCoverNone = 0, kCoverToken = 1, kCoverState = 2;

@@ -75,6 +75,19 @@ Result<KvCacheManager> KvCacheManager::Create(const ManagerConfig& config) {
   }
   for (BlockPool& bp : core.pools)
     HKV_RETURN_IF_ERROR(bp.set_eviction_rank(config.eviction_rank.get()));
+  if (config.branch_bonus > 0 && config.eviction_rank == nullptr && config.enable_prefix_caching) {
+    // Pools of an arena share one eviction clock, which frees in the finest class mostly advance:
+    // a turnover is the arena counted in that class's pages. Fixed pools each have their own.
+    int32_t largest = 0;
+    for (const BlockPool& bp : core.pools)
+      largest = std::max(largest, bp.num_blocks() - 1);
+    for (BlockPool& bp : core.pools) {
+      const double turnover = core.arena.num_slabs() > 0 ? largest : bp.num_blocks() - 1;
+      const auto ticks = static_cast<uint64_t>(std::max(1.0, config.branch_bonus * turnover));
+      HKV_RETURN_IF_ERROR(bp.set_branch_bonus(ticks, config.branch_bonus_levels));
+    }
+    core.share_branches = true;
+  }
   core.StartCoverage();
   return KvCacheManager(std::move(impl));
 }

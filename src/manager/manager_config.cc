@@ -244,6 +244,14 @@ Status ManagerConfig::Validate() const {
         fmt::format("manager config: branch_memory_entries {} must be in [0, {}]",
                     branch_memory_entries, 1 << 24));
   }
+  if (!(branch_bonus >= 0 && branch_bonus <= 64)) {
+    return Status::InvalidArgument(fmt::format(
+        "manager config: branch_bonus {} must be in [0, 64] cache turnovers", branch_bonus));
+  }
+  if (branch_bonus_levels < 1 || branch_bonus_levels > 254) {
+    return Status::InvalidArgument(fmt::format(
+        "manager config: branch_bonus_levels {} must be in [1, 254]", branch_bonus_levels));
+  }
   if (rolling_stride_after_give_back < 0 || rolling_stride_after_give_back % align != 0) {
     return Status::InvalidArgument(fmt::format(
         "manager config: rolling_stride_after_give_back {} must be 0 or a positive multiple of "

@@ -55,7 +55,10 @@ BlockPool::BlockPool(int32_t num_segments, int32_t segment_blocks, bool owned,
       seg_list_(static_cast<size_t>(num_segments), kUnowned),
       seg_prev_(static_cast<size_t>(num_segments), -1),
       seg_next_(static_cast<size_t>(num_segments), -1),
-      seg_tick_(static_cast<size_t>(num_segments), 0) {
+      seg_tick_(static_cast<size_t>(num_segments), 0),
+      continuations_(ref_.size(), 0),
+      share_(ref_.size(), 0),
+      first_child_(ref_.size(), 0) {
   if (!owned) return;
   // A pool that owns its blocks from the start queues them in id order.
   for (int32_t s = 0; s < num_segments; ++s) {
@@ -102,7 +105,7 @@ void BlockPool::MoveSegment(int32_t seg, uint8_t list, bool front) {
       empty_tail_[list] = seg;
     empty_head_[list] = seg;
     ++num_empty_;
-  } else if (list == kEmptyCached && rank_ != nullptr) {
+  } else if (list == kEmptyCached && ranked()) {
     // Ranked: the list stays sorted by tick (the highest rank each segment caches).
     int32_t after = empty_tail_[list];
     while (after >= 0 && seg_tick_[Seg(after)] > seg_tick_[i])
@@ -139,7 +142,7 @@ void BlockPool::Released(int32_t b) {
   const size_t i = Seg(seg);
   if (--seg_held_[i] == 0) {
     const bool at_head = NothingCachedQueued(seg);
-    seg_tick_[i] = at_head ? 0 : (rank_ != nullptr ? MaxQueuedTick(seg) : *clock_);
+    seg_tick_[i] = at_head ? 0 : (ranked() ? MaxQueuedTick(seg) : *clock_);
     MoveSegment(seg, seg_cached_[i] > 0 ? kEmptyCached : kEmptyUncached, at_head);
   }
 }
@@ -170,6 +173,10 @@ void BlockPool::Unlink(int32_t b) {
   else
     tail_ = prev_[i];
   if (head_run_end_ == b) head_run_end_ = prev_[i];
+  if (plain_end_ == b) {
+    const int32_t p = prev_[i];
+    plain_end_ = p >= 0 && tick_[static_cast<size_t>(p)] != 0 ? p : -1;
+  }
   prev_[i] = next_[i] = -1;
   on_list_[i] = 0;
   --num_free_;
@@ -202,7 +209,83 @@ void BlockPool::Append(int32_t b) {
     LinkByRank(b, RankOf(b));
     return;
   }
-  Link(b, tail_, ++*clock_);
+  const uint64_t now = ++*clock_;
+  if (bonus_ticks_ == 0) {
+    Link(b, tail_, now);
+    return;
+  }
+  const uint64_t bonus = BonusOf(b);
+  if (bonus > 0) {
+    LinkFromTail(b, now + bonus);
+    return;
+  }
+  Link(b, PlainEnd(now), now);
+  plain_end_ = b;
+}
+
+uint64_t BlockPool::BonusOf(int32_t b) const {
+  const size_t i = static_cast<size_t>(b);
+  if (!has_key_[i] || share_[i] < 2) return 0;
+  return bonus_ticks_ * static_cast<uint64_t>(std::min<int32_t>(share_[i] - 1, bonus_levels_));
+}
+
+void BlockPool::LinkFromTail(int32_t b, uint64_t tick) {
+  // Shared blocks freed now mostly outrank every queued one: the walk is short from the back.
+  int32_t after = tail_;
+  while (after >= 0 && after != head_run_end_ && tick_[static_cast<size_t>(after)] > tick)
+    after = prev_[static_cast<size_t>(after)];
+  Link(b, after, tick);
+}
+
+int32_t BlockPool::PlainEnd(uint64_t now) {
+  // Bonuses the clock has reached since the last call join the plain part: each is passed once.
+  int32_t after = plain_end_ >= 0 ? plain_end_ : head_run_end_;
+  for (int32_t n = after < 0 ? head_ : next_[static_cast<size_t>(after)];
+       n >= 0 && tick_[static_cast<size_t>(n)] <= now; n = next_[static_cast<size_t>(n)])
+    after = n;
+  return after;
+}
+
+Status BlockPool::set_branch_bonus(uint64_t ticks_per_level, int32_t max_levels) {
+  if (num_cached() > 0) {
+    return Status::FailedPrecondition(fmt::format(
+        "set branch bonus: the pool already caches {} block(s) queued without it", num_cached()));
+  }
+  if (max_levels < 1 || max_levels > 254) {
+    return Status::InvalidArgument(
+        fmt::format("set branch bonus: max_levels {} must be in [1, 254]", max_levels));
+  }
+  bonus_ticks_ = ticks_per_level;
+  bonus_levels_ = max_levels;
+  plain_end_ = tail_ >= 0 && tick_[static_cast<size_t>(tail_)] != 0 ? tail_ : -1;
+  return Status::Ok();
+}
+
+Result<int32_t> BlockPool::AddContinuation(int32_t block, uint32_t child) {
+  if (!ValidBlock(block)) return BadBlock(block, "add continuation");
+  const size_t i = static_cast<size_t>(block);
+  if (!has_key_[i]) {
+    return Status::FailedPrecondition(
+        fmt::format("add continuation: block {} has no prefix identity", block));
+  }
+  if (continuations_[i] == 0) {
+    first_child_[i] = child;
+    continuations_[i] = 1;
+  } else if (continuations_[i] < 255 && (continuations_[i] > 1 || first_child_[i] != child)) {
+    ++continuations_[i];
+  }
+  return static_cast<int32_t>(continuations_[i]);
+}
+
+Status BlockPool::MarkShared(int32_t block, int32_t level) {
+  if (!ValidBlock(block)) return BadBlock(block, "mark shared");
+  const size_t i = static_cast<size_t>(block);
+  if (!has_key_[i]) {
+    return Status::FailedPrecondition(
+        fmt::format("mark shared: block {} has no prefix identity", block));
+  }
+  share_[i] = static_cast<uint8_t>(std::clamp<int32_t>(level, share_[i], 255));
+  return Status::Ok();
 }
 
 uint64_t BlockPool::RankOf(int32_t b) const {
@@ -291,6 +374,7 @@ void BlockPool::DropIdentity(int32_t b) {
   ++identity_epoch_;
   index_.Erase(key_[i]);
   has_key_[i] = 0;
+  continuations_[i] = share_[i] = 0;
   num_free_cached_ -= on_list_[i];
   if (on_list_[i] && tick_[i] != 0) --seg_cached_queued_[Seg(segment_of(b))];
   SegmentCached(b, -1);
@@ -422,7 +506,7 @@ Status BlockPool::Demote(int32_t block) {
   if (seg_held_[s] == 0 && NothingCachedQueued(seg)) {
     seg_tick_[s] = 0;
     MoveSegment(seg, seg_list_[s], true);
-  } else if (rank_ != nullptr) {
+  } else if (ranked()) {
     RetickEmptySegment(seg);  // its highest rank may have been this block's
   }
   return Status::Ok();
@@ -500,8 +584,13 @@ Status BlockPool::MoveHeld(int32_t src, int32_t dst) {
   if (has_key_[s]) {
     // Removed before stored: a consumer keyed by prefix never sees the key on two blocks.
     const PrefixKey key = key_[s];
+    const uint8_t continuations = continuations_[s], share = share_[s];
+    const uint32_t first_child = first_child_[s];
     DropIdentity(src);
     (void)Store(dst, key);  // key was src's alone
+    continuations_[d] = continuations;
+    share_[d] = share;
+    first_child_[d] = first_child;
   }
   ref_[s] = 0;
   Prepend(src);  // worthless now: reused before anything cached
@@ -513,6 +602,8 @@ void BlockPool::ResetPrefixCache() {
   ++identity_epoch_;
   index_.Clear();
   std::fill(has_key_.begin(), has_key_.end(), 0);
+  std::fill(continuations_.begin(), continuations_.end(), 0);
+  std::fill(share_.begin(), share_.end(), 0);
   std::fill(seg_cached_.begin(), seg_cached_.end(), 0);
   std::fill(seg_cached_queued_.begin(), seg_cached_queued_.end(), 0);
   num_free_cached_ = 0;
@@ -611,6 +702,15 @@ Status BlockPool::CheckFreeList() const {
     previous = b;
   }
   if (previous != tail_) return fail("the free list's tail is not its last block");
+  if (plain_end_ >= 0) {
+    const size_t p = static_cast<size_t>(plain_end_);
+    if (!on_list_[p] || tick_[p] == 0 || tick_[p] > *clock_) {
+      return fail(
+          fmt::format("block {}, where blocks without a bonus queue, is not a free block "
+                      "queued at the tail by now",
+                      plain_end_));
+    }
+  }
   if (head_run_end != head_run_end_) {
     return fail(fmt::format("the blocks queued at the head end at {}, not at {}", head_run_end,
                             head_run_end_));
@@ -650,6 +750,9 @@ Status BlockPool::CountBlocks(InvariantCounts& c) const {
       if (index_.Find(key_[i]) != b) {
         return fail(fmt::format("block {} has an identity the index does not map to it", b));
       }
+    } else if (continuations_[i] != 0 || share_[i] != 0) {
+      return fail(fmt::format("block {} has no identity but counts {} continuation(s), level {}", b,
+                              continuations_[i], share_[i]));
     }
   }
   if (c.free_cached != num_free_cached_) {
@@ -708,7 +811,7 @@ Status BlockPool::CheckEmptySegmentLists(int32_t empty) const {
         return fail(
             fmt::format("cached empty segments {} and {} are out of age order", before, seg));
       }
-      if (list == kEmptyCached && rank_ != nullptr && seg_tick_[Seg(seg)] != 0 &&
+      if (list == kEmptyCached && ranked() && seg_tick_[Seg(seg)] != 0 &&
           seg_tick_[Seg(seg)] != MaxQueuedTick(seg)) {
         return fail(fmt::format("cached empty segment {} has tick {}, its highest rank is {}", seg,
                                 seg_tick_[Seg(seg)], MaxQueuedTick(seg)));

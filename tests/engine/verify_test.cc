@@ -284,6 +284,41 @@ TEST(Engine, RollingStatesAtAStrideAfterAGiveBackStayExact) {
   }
 }
 
+// Shared prefixes kept longer (ManagerConfig::branch_bonus): the prefixes requests branched from,
+// and their checkpoints, queue behind blocks freed after them. Every logit still equals dense, the
+// manager marked shared prefixes, and the order is really another one: some run hits a different
+// number of tokens than with recency alone.
+TEST(Engine, SharedPrefixesKeptLongerStayExact) {
+  LoadOptions load{DType::kFP32, DType::kFP32, DType::kFP32};
+  const uint64_t seeds = testing::kSanitized ? 2 : 4;
+  for (const char* name : {"meta-llama--Llama-3.1-8B", "google--gemma-2-9b",
+                           "ibm-ai-platform--Bamba-9B", "ai21labs--Jamba-v0.1"}) {
+    auto real = LoadModelConfig(std::string(HKV_MODELS_DIR) + "/" + name, load);
+    ASSERT_TRUE(real.ok()) << real.status().ToString();
+    bool differs = false;
+    int64_t marked = 0, memory = 0;
+    for (uint64_t seed = 1; seed <= seeds; ++seed) {
+      VerifyOptions o;
+      o.seed = seed;
+      o.prompt_checkpoints = false;
+      // Half the default budget: shared prefixes compete with newer blocks for memory.
+      if (memory == 0) memory = RunVerify(*real, o).value().memory_bytes / 2;
+      o.memory_bytes = memory;
+      auto lru = RunVerify(*real, o);
+      ASSERT_TRUE(lru.ok()) << lru.status().ToString();
+      o.branch_bonus = 1;
+      auto r = RunVerify(*real, o);
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      EXPECT_TRUE(r->completed) << name << " seed " << seed;
+      EXPECT_EQ(r->mismatches, 0) << name << " seed " << seed;
+      marked += r->features.shared_prefixes_marked;
+      differs = differs || r->features.prefix_hit_tokens != lru->features.prefix_hit_tokens;
+    }
+    EXPECT_GT(marked, 0) << name;
+    EXPECT_TRUE(differs) << name << ": the bonus changed no hit";
+  }
+}
+
 // An eviction order unrelated to recency (ManagerConfig::eviction_rank, what the simulator's
 // oracle mode evicts by): a fixed scramble of each block's digest, so a prefix's start may go
 // before its end and a fresh block before a stale one. Every logit still equals dense, and the

@@ -1183,6 +1183,9 @@ class FakeEngine {
     // A caller's eviction rank queues released blocks by rank, not at the ends this model
     // replays; block_pool_rank_test checks that order exactly, and data checks still apply.
     if (cfg_.eviction_rank != nullptr) return;
+    // Likewise shared prefixes (ManagerConfig::branch_bonus) queue behind blocks freed after
+    // them; block_pool_share_test checks that order.
+    if (cfg_.branch_bonus > 0) return;
     for (size_t p = 0; p < before.free_lists.size(); ++p) {
       // Checkpoint retention moves cached states to the head, by rules this model does not
       // replay; checkpoint_retention_test checks them exactly, and data checks still apply.

@@ -46,6 +46,7 @@ struct VerifyOptions {
   bool prompt_checkpoints = true;  // ManagerConfig::prompt_checkpoints
   // ManagerConfig::rolling_stride_after_give_back, rounded up to the scaled model's alignment.
   int64_t rolling_stride_after_give_back = 0;
+  double branch_bonus = 0;  // ManagerConfig::branch_bonus: shared prefixes kept longer
   // ManagerConfig::eviction_rank: evict by this order instead of recency (nullptr: recency).
   std::shared_ptr<const EvictionRank> eviction_rank;
   // Sparse-KV policies on every full-attention layer (no speculative drafts then). Every

@@ -91,6 +91,9 @@ struct ManagerStats {
   // Requests that kept their window blocks at a branch point only the manager's memory of
   // branches showed (ManagerConfig::branch_memory_entries): the prefix had been evicted.
   int64_t remembered_branches_kept = 0;
+  // Times a cached token block gained a second or later continuation, so that the prefix up to
+  // it was marked shared (ManagerConfig::branch_bonus; counted only with it on).
+  int64_t shared_prefixes_marked = 0;
   // Rolling recurrent states (the newest aligned state a running request keeps, to publish when
   // it ends) that Allocate gave back for the same reason: published as cached checkpoints, or
   // dropped where the state was the request's live one (its step then writes in place).

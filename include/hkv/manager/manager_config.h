@@ -104,6 +104,18 @@ struct ManagerConfig {
   // holds its window blocks still cached. A direct-mapped table of this many 16-byte digests
   // (rounded up to a power of two); 0: off.
   int32_t branch_memory_entries = 1024;
+  // Shared prefixes kept longer (docs/manager.md, "Shared prefixes kept longer"). The manager
+  // counts the distinct blocks published after each cached token block; when a block gains its
+  // second (third, ...) continuation, every block of the prefix up to it, in each group, and the
+  // recurrent checkpoints at its end take that count as their share level. A freed block of level
+  // L >= 2 is queued behind the blocks freed after it for branch_bonus * min(L - 1,
+  // branch_bonus_levels) cache turnovers (one turnover: as many frees as the largest pool, or the
+  // arena in its finest page class, has blocks). A system prompt many sessions branched from then
+  // outlives the single-use tails of the conversations around it, and a conversation's own chain
+  // (each turn extends the last, one continuation per block) keeps plain recency. 0: off (least
+  // recently freed first); ignored with an eviction_rank.
+  double branch_bonus = 0;
+  int32_t branch_bonus_levels = 8;  // in [1, 254]
   // Allocate publishes the full blocks of known tokens that the step it opens completes, instead
   // of Commit: a request looked up while that step is open - later in the same batch - hits
   // them, as in vLLM, which caches blocks when it schedules them. For an engine that runs every

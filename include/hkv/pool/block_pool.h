@@ -28,6 +28,8 @@
 // - With an eviction rank (set_eviction_rank), blocks freed to the tail queue by rank instead of
 //   by time (eviction_rank.h): ticks are then ranks, the free list stays sorted by them, and an
 //   empty segment's tick is the highest rank it caches, so the arena compares worth, not age.
+// - With a branch bonus (set_branch_bonus), blocks of shared prefixes are queued behind blocks
+//   freed after them, by their share level; the list is sorted by tick as with a rank.
 // Metadata is struct-of-arrays, sized once; steady-state calls do not allocate (events aside).
 // The prefix index is the exception that keeps it small: a segmented pool grows it in AddSegment
 // when it owns more pages than ever before (so once its share of the arena has settled, never).
@@ -75,6 +77,28 @@ class BlockPool {
   // by time). Only before the pool caches anything (FailedPrecondition otherwise): the free list
   // must be in one order throughout.
   Status set_eviction_rank(const EvictionRank* rank);
+  // Shared prefixes kept longer (off until set; ignored with an eviction rank). A caller counts,
+  // per cached block, the distinct blocks published right after it (AddContinuation) and marks
+  // every block of a prefix that several continuations share with their number (MarkShared). A
+  // cached block of share level L >= 2 that is freed to the tail is queued as if it had been
+  // freed ticks_per_level * min(L - 1, max_levels) ticks later: blocks freed meanwhile without a
+  // level go ahead of it, so a prefix many requests branched from outlives the single-use tails
+  // freed after it. Levels and counts belong to the identity: they start at 0 when a block is
+  // published and are dropped with it. The free list stays sorted by tick, and an empty segment's
+  // tick is then the highest tick it queues (as with a rank). Only before the pool caches
+  // anything (FailedPrecondition otherwise); max_levels in [1, 254].
+  Status set_branch_bonus(uint64_t ticks_per_level, int32_t max_levels);
+  uint64_t branch_bonus_ticks() const { return bonus_ticks_; }
+  // A block was published right after `block` (a cached block), `child` naming its content:
+  // the count of distinct continuations, which saturates at 255. The first child's name is kept,
+  // so the same child published again (evicted, then computed anew) does not count twice; later
+  // ones are not told apart. Errors: bad id, a block without identity.
+  Result<int32_t> AddContinuation(int32_t block, uint32_t child);
+  // Raises a cached block's share level to at least `level` (saturating at 255); a block queued
+  // already keeps its place until it is freed again. Errors: bad id, a block without identity.
+  Status MarkShared(int32_t block, int32_t level);
+  int32_t continuations(int32_t block) const { return continuations_[static_cast<size_t>(block)]; }
+  int32_t share_level(int32_t block) const { return share_[static_cast<size_t>(block)]; }
   // The rank of a block's prefix changed: a free cached block queued at the tail is requeued by
   // its new rank (held, worthless and uncached blocks have nothing to requeue). Errors (nothing
   // changed): bad id, no eviction rank set.
@@ -286,6 +310,21 @@ class BlockPool {
   // StrandedBlocks (read every step to decide on compaction) need not walk that list.
   int32_t cached_in_empty_ = 0;
   const EvictionRank* rank_ = nullptr;
+  // Shared prefixes (set_branch_bonus): per block, continuations published after it and its share
+  // level; bonus_ticks_ 0: off. plain_end_ is where a block freed now without a bonus goes: the
+  // last listed block of tick <= the clock (-1: right after the head run); blocks behind it carry
+  // a bonus not yet reached.
+  std::vector<uint8_t> continuations_, share_;
+  std::vector<uint32_t> first_child_;
+  uint64_t bonus_ticks_ = 0;
+  int32_t bonus_levels_ = 0;
+  int32_t plain_end_ = -1;
+  // Ranked order: the free list and the cached empty segments are sorted by a tick that is not
+  // the time of queueing (an eviction rank, or a share bonus).
+  bool ranked() const { return rank_ != nullptr || bonus_ticks_ != 0; }
+  uint64_t BonusOf(int32_t b) const;
+  void LinkFromTail(int32_t b, uint64_t tick);
+  int32_t PlainEnd(uint64_t now);
   bool pack_ = false;
   int32_t fill_ = -1;          // the segment being filled, -1 none
   int32_t fill_next_ = 0;      // next block of fill_ to look at
