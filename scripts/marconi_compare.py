@@ -11,6 +11,11 @@ markdown page of token hit rates (%). `best Marconi` is the better of the two.
 
   scripts/marconi_compare.py [--seeds 1,2,3] [--requests 2000] [--jobs 2] [--hkv BIN]
                              [--marconi-dir /tmp/marconi] [--out docs/marconi.md]
+                             [--marconi-cache FILE]
+
+Marconi's runs take most of the time (about 50 minutes on 2 cores) and do not depend on hkv:
+`--marconi-cache FILE` keeps their results in a JSON file, keyed by model, memory, seed, trace
+length and policy, and reuses them on the next run (delete the file to run them again).
 
 Marconi's code (CC BY-NC: run, never copied) must be extracted to --marconi-dir first, as
 `../shared/marconi_reference/README.md` shows (`fetch github:ruipeterpan/marconi` gives the git
@@ -82,7 +87,12 @@ def main() -> None:
     ap.add_argument("--hkv", default=os.path.join(ROOT, "build", "release", "tools", "hkv", "hkv"))
     ap.add_argument("--marconi-dir", default=os.environ.get("MARCONI_DIR", "/tmp/marconi"))
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "marconi.md"))
+    ap.add_argument("--marconi-cache", default=None)
     args = ap.parse_args()
+    cache: dict[str, float] = {}
+    if args.marconi_cache and os.path.exists(args.marconi_cache):
+        with open(args.marconi_cache) as f:
+            cache = json.load(f)
     if not os.path.exists(os.path.join(args.marconi_dir, "radix_cache_hybrid.py")):
         sys.exit(f"Marconi's code is not in {args.marconi_dir}: see "
                  "../shared/marconi_reference/README.md")
@@ -103,10 +113,16 @@ def main() -> None:
             if kind == "hkv":
                 return run_hkv(args.hkv, model, gib, traces[s])
             name = next(n for m, n, _ in MODELS if m == model)
-            return run_marconi(name, gib, policy, traces[s], args.marconi_dir)
+            key = f"{name}|{gib:g}|{s}|{args.requests}|{policy}"
+            if key not in cache:
+                cache[key] = run_marconi(name, gib, policy, traces[s], args.marconi_dir)
+            return cache[key]
 
         with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
             results = dict(zip(jobs, pool.map(run, jobs)))
+    if args.marconi_cache:
+        with open(args.marconi_cache, "w") as f:
+            json.dump(cache, f, indent=0, sort_keys=True)
     lines = [
         "# hybridkv against Marconi, one request at a time", "",
         f"Written by `scripts/marconi_compare.py` ({time.time() - t0:.0f} s; do not edit). "

@@ -241,7 +241,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"google--gemma-2-9b", AllocatorMode::kHybridKV, 3},
                       Case{"google--gemma-2-9b", AllocatorMode::kPadded, 3},
                       Case{"ibm-ai-platform--Bamba-9B", AllocatorMode::kHybridKV, 6},
-                      Case{"Qwen--Qwen3-Next-80B-A3B-Instruct", AllocatorMode::kHybridKV, 6, true}),
+                      Case{"Qwen--Qwen3-Next-80B-A3B-Instruct", AllocatorMode::kHybridKV, 5, true}),
     [](const auto& p) {
       std::string name =
           std::string(p.param.model) + "_" + std::string(AllocatorModeName(p.param.mode));

@@ -2,7 +2,9 @@
 # Conformance of `hkv simulate` with scripts/replay_reference.py, an independent Python
 # implementation of replay.md for one full-attention group: on a generated trace with a memory
 # small enough for preemptions and evictions, every figure and the per-step CSV must be equal,
-# with blocks published when a step is allocated (the default) and when it is committed.
+# with blocks published when a step is allocated (the default) and when it is committed. The
+# reference evicts the least recently freed block first, so shared prefixes are not kept longer
+# here (--branch-bonus 0; docs/manager.md, "Shared prefixes kept longer").
 set -euo pipefail
 hkv=$1
 root=$2
@@ -14,7 +16,7 @@ for publish in allocate commit; do
   ref_flag="--publish-at-allocate"
   if [ "$publish" = commit ]; then flag="--publish-at-commit"; ref_flag=""; fi
   "$hkv" simulate "$root/models/meta-llama--Llama-3.1-8B" --trace "$dir/trace.jsonl" --memory 3GiB \
-    --allocator hybridkv --json --csv "$dir/hkv" $flag > "$dir/hkv.json"
+    --allocator hybridkv --branch-bonus 0 --json --csv "$dir/hkv" $flag > "$dir/hkv.json"
   blocks=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["runs"][0]["num_blocks"] + 1)' "$dir/hkv.json")
   python3 "$root/scripts/replay_reference.py" "$dir/trace.jsonl" --num-blocks "$blocks" \
     --block-tokens 16 --csv "$dir/ref.csv" $ref_flag > "$dir/ref.json"

@@ -257,6 +257,21 @@ TEST_F(SimulateCommandTest, BranchMemory) {
   EXPECT_GT(remembered["hit_rate"].get<double>(), forgotten["hit_rate"].get<double>());
 }
 
+TEST_F(SimulateCommandTest, BranchBonus) {
+  WriteTrace(200);
+  args_.allocator = "hybridkv";
+  args_.json = true;
+  const nlohmann::json shared = FirstRun();  // the mode's bonus
+  args_.branch_bonus = 0;
+  const nlohmann::json plain = FirstRun();
+  const auto marked = [](const nlohmann::json& run) {
+    return run["manager"]["shared_prefixes_marked"].get<int64_t>();
+  };
+  EXPECT_GT(marked(shared), 0);
+  EXPECT_EQ(marked(plain), 0);
+  EXPECT_NE(shared["scheduled_tokens"].get<int64_t>(), plain["scheduled_tokens"].get<int64_t>());
+}
+
 TEST_F(SimulateCommandTest, TableCsvAndPlot) {
   args_.csv_dir = (dir_ / "csv").string();
   args_.plot = (dir_ / "modes.png").string();

@@ -131,6 +131,7 @@ nlohmann::json RunJson(const Run& run, bool with_timings) {
                     {"allocations_failed", m.allocations_failed},
                     {"branch_blocks_given_back", m.branch_blocks_given_back},
                     {"remembered_branches_kept", m.remembered_branches_kept},
+                    {"shared_prefixes_marked", m.shared_prefixes_marked},
                     {"rolling_states_given_back", m.rolling_states_given_back},
                     {"uncovered_blocks_demoted", m.uncovered_blocks_demoted},
                     {"unreachable_checkpoints_demoted", m.unreachable_checkpoints_demoted},
@@ -251,6 +252,7 @@ bool SimulateRun(const Inputs& in, const SimulateArgs& args, Run& run, std::ostr
           allocator->config.AlignUp(args.rolling_stride);
     }
     if (args.branch_memory >= 0) allocator->config.branch_memory_entries = args.branch_memory;
+    if (args.branch_bonus >= 0) allocator->config.branch_bonus = args.branch_bonus;
     run.block_tokens = allocator->block_tokens;
     run.state_page_bytes = allocator->state_page_bytes;
     run.pool_block_bytes = allocator->pool_block_bytes;
@@ -409,6 +411,11 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
                   "so that the next request computing one keeps its window for the requests "
                   "after it (ManagerConfig::branch_memory_entries; 0: off; default 1024)")
       ->check(CLI::Range(0, 1 << 24));
+  cmd->add_option("--branch-bonus", args.branch_bonus,
+                  "hkv modes: keep a prefix that several continuations share (a system prompt "
+                  "sessions branch from) this many cache turnovers longer per extra continuation "
+                  "(ManagerConfig::branch_bonus; 0: least recently freed first; default 0.5)")
+      ->check(CLI::Range(0.0, 64.0));
   cmd->add_flag("--oracle", args.oracle,
                 "also replay an `oracle` run: hybridkv's layout evicting Belady-style by the "
                 "trace's future (the next request that needs a prefix), and show every run's hit "
