@@ -142,7 +142,7 @@ void BlockPool::Released(int32_t b) {
   const size_t i = Seg(seg);
   if (--seg_held_[i] == 0) {
     const bool at_head = NothingCachedQueued(seg);
-    seg_tick_[i] = at_head ? 0 : (ranked() ? MaxQueuedTick(seg) : *clock_);
+    seg_tick_[i] = at_head ? 0 : EmptyTick(seg);
     MoveSegment(seg, seg_cached_[i] > 0 ? kEmptyCached : kEmptyUncached, at_head);
   }
 }
@@ -322,6 +322,14 @@ uint64_t BlockPool::MaxQueuedTick(int32_t seg) const {
     if (on_list_[i] && has_key_[i]) most = std::max(most, tick_[i]);
   }
   return most;
+}
+
+uint64_t BlockPool::EmptyTick(int32_t seg) const {
+  // With a rank, what the segment caches is worth its best block. Otherwise it is as old as the
+  // time it emptied, or younger while a shared block in it is still within its bonus.
+  if (rank_ != nullptr) return MaxQueuedTick(seg);
+  if (bonus_ticks_ != 0) return std::max(*clock_, MaxQueuedTick(seg));
+  return *clock_;
 }
 
 void BlockPool::RetickEmptySegment(int32_t seg) {
@@ -506,7 +514,7 @@ Status BlockPool::Demote(int32_t block) {
   if (seg_held_[s] == 0 && NothingCachedQueued(seg)) {
     seg_tick_[s] = 0;
     MoveSegment(seg, seg_list_[s], true);
-  } else if (ranked()) {
+  } else if (rank_ != nullptr) {
     RetickEmptySegment(seg);  // its highest rank may have been this block's
   }
   return Status::Ok();
@@ -811,7 +819,7 @@ Status BlockPool::CheckEmptySegmentLists(int32_t empty) const {
         return fail(
             fmt::format("cached empty segments {} and {} are out of age order", before, seg));
       }
-      if (list == kEmptyCached && ranked() && seg_tick_[Seg(seg)] != 0 &&
+      if (list == kEmptyCached && rank_ != nullptr && seg_tick_[Seg(seg)] != 0 &&
           seg_tick_[Seg(seg)] != MaxQueuedTick(seg)) {
         return fail(fmt::format("cached empty segment {} has tick {}, its highest rank is {}", seg,
                                 seg_tick_[Seg(seg)], MaxQueuedTick(seg)));

@@ -2,6 +2,7 @@
 // blocks freed after them, by their share level, until the clock passes the bonus; counts and
 // levels belong to the identity.
 #include <algorithm>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -84,6 +85,33 @@ TEST(BlockPoolShare, TheLevelSetsTheBonusUpToItsCap) {
   // many: freed at tick 1, queued at 5; two: freed at 2, queued at 4; plain at 3, 4, ..., 7.
   EXPECT_EQ(Queued(p, 8),
             (std::vector<int32_t>{plain[0], two, plain[1], many, plain[2], plain[3], plain[4]}));
+  ExpectValid(p);
+}
+
+// Two-level memory: the arena gives up the segment that emptied first. One that queues a shared
+// block is as young as that block's bonus; demoting a block does not make a segment older.
+TEST(BlockPoolShare, AnEmptySegmentIsAsYoungAsTheBonusItQueues) {
+  auto clock = std::make_shared<uint64_t>(0);
+  BlockPool p = BlockPool::CreateSegmented(2, 2, clock).value();
+  ASSERT_TRUE(p.set_branch_bonus(10, 8).ok());
+  for (int32_t s = 0; s < 2; ++s)
+    ASSERT_TRUE(p.AddSegment(s).ok());
+  std::vector<int32_t> got;
+  ASSERT_TRUE(p.Allocate(4, got).ok());
+  std::sort(got.begin(), got.end());
+  for (int32_t b = 1; b <= 4; ++b)
+    ASSERT_TRUE(p.Publish(b, Key(static_cast<uint64_t>(b))).ok());
+  ASSERT_TRUE(p.MarkShared(1, 2).ok());
+  // Segment 0 (blocks 1, 2) empties first, at tick 2, but block 1 queues at 1 + 10.
+  ASSERT_TRUE(p.Free(std::vector<int32_t>{1, 2}).ok());
+  EXPECT_EQ(p.empty_since(0), 11u);
+  ASSERT_TRUE(p.Free(std::vector<int32_t>{3, 4}).ok());
+  EXPECT_EQ(p.empty_since(1), 4u);
+  EXPECT_EQ(p.OldestEmptyCached(), 1);
+  EXPECT_EQ(p.NextEmptySegment(1), 0);
+  // Demoted, block 4 goes ahead of every queued block; its segment keeps its age.
+  ASSERT_TRUE(p.Demote(4).ok());
+  EXPECT_EQ(p.empty_since(1), 4u);
   ExpectValid(p);
 }
 

@@ -29,7 +29,8 @@
 //   by time (eviction_rank.h): ticks are then ranks, the free list stays sorted by them, and an
 //   empty segment's tick is the highest rank it caches, so the arena compares worth, not age.
 // - With a branch bonus (set_branch_bonus), blocks of shared prefixes are queued behind blocks
-//   freed after them, by their share level; the list is sorted by tick as with a rank.
+//   freed after them, by their share level; the list is sorted by tick as with a rank, and an
+//   empty segment is as young as the youngest bonus it queues.
 // Metadata is struct-of-arrays, sized once; steady-state calls do not allocate (events aside).
 // The prefix index is the exception that keeps it small: a segmented pool grows it in AddSegment
 // when it owns more pages than ever before (so once its share of the arena has settled, never).
@@ -85,8 +86,8 @@ class BlockPool {
   // level go ahead of it, so a prefix many requests branched from outlives the single-use tails
   // freed after it. Levels and counts belong to the identity: they start at 0 when a block is
   // published and are dropped with it. The free list stays sorted by tick, and an empty segment's
-  // tick is then the highest tick it queues (as with a rank). Only before the pool caches
-  // anything (FailedPrecondition otherwise); max_levels in [1, 254].
+  // tick is the time it emptied or, while later, the highest tick it queues. Only before the pool
+  // caches anything (FailedPrecondition otherwise); max_levels in [1, 254].
   Status set_branch_bonus(uint64_t ticks_per_level, int32_t max_levels);
   uint64_t branch_bonus_ticks() const { return bonus_ticks_; }
   // A block was published right after `block` (a cached block), `child` naming its content:
@@ -323,6 +324,7 @@ class BlockPool {
   // the time of queueing (an eviction rank, or a share bonus).
   bool ranked() const { return rank_ != nullptr || bonus_ticks_ != 0; }
   uint64_t BonusOf(int32_t b) const;
+  uint64_t EmptyTick(int32_t seg) const;  // a segment's tick when its last held block is freed
   void LinkFromTail(int32_t b, uint64_t tick);
   int32_t PlainEnd(uint64_t now);
   bool pack_ = false;
