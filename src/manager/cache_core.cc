@@ -183,7 +183,7 @@ void CacheCore::AcquireHeld(int32_t pool, int32_t block) {
 }
 
 void CacheCore::PublishBlock(int32_t pool, int32_t block, const PrefixKey& key, const Request& r,
-                             int64_t position) {
+                             int64_t position, int32_t parent) {
   if (!config.enable_prefix_caching) return;
   BlockPool& bp = pools[static_cast<size_t>(pool)];
   if (bp.has_identity(block)) return;
@@ -200,7 +200,7 @@ void CacheCore::PublishBlock(int32_t pool, int32_t block, const PrefixKey& key, 
     if (state) {
       ShareCheckpoint(key.group, block, r, position);
     } else if (IsDecoderTokens(config.groups[static_cast<size_t>(key.group)])) {
-      NoteContinuation(key, r, position);
+      NoteContinuation(key, r, position, parent);
     }
   }
   // Counted only when this block took the key: a copy of a checkpoint already cached stays
@@ -212,11 +212,15 @@ void CacheCore::PublishBlock(int32_t pool, int32_t block, const PrefixKey& key, 
   }
 }
 
-void CacheCore::NoteContinuation(const PrefixKey& child, const Request& r, int64_t position) {
+void CacheCore::NoteContinuation(const PrefixKey& child, const Request& r, int64_t position,
+                                 int32_t parent) {
   if (position <= 0) return;
   const int32_t group = child.group;
   BlockPool& bp = pools[static_cast<size_t>(config.groups[static_cast<size_t>(group)].pool)];
-  const int32_t parent = bp.Find({HashAt(r, position), group});
+  // The table's block before it holds the parent's identity unless it is a private copy.
+  const PrefixKey want{HashAt(r, position), group};
+  if (parent == BlockPool::kNullBlock || !bp.has_identity(parent) || !(bp.identity(parent) == want))
+    parent = bp.Find(want);
   if (parent <= BlockPool::kNullBlock) return;  // a window group's parent may be gone
   const Result<int32_t> count = bp.AddContinuation(parent, static_cast<uint32_t>(child.hash.lo));
   Must(count.status());

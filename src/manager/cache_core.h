@@ -108,14 +108,16 @@ struct CacheCore {
   void AcquireHeld(int32_t pool, int32_t block);
   // `r` and `position`: who published it and where (ManagerEvent); a recurrent checkpoint's
   // prefix is also counted as covered (checkpoint_coverage.h).
+  // `parent`: a token block's predecessor in the request's table when the caller has it (the
+  // null block otherwise: it is looked up when needed).
   void PublishBlock(int32_t pool, int32_t block, const PrefixKey& key, const Request& r,
-                    int64_t position = -1);
+                    int64_t position = -1, int32_t parent = BlockPool::kNullBlock);
   // Shared prefixes (ManagerConfig::branch_bonus): the token block `child` starting at
   // `position` took its identity, so its parent gained a continuation; at the second and later
   // ones every block of the prefix up to it, in every decoder token group, and the checkpoints at
   // its end, are marked shared. A checkpoint published at `position` takes the share level of the
   // full-attention block ending there.
-  void NoteContinuation(const PrefixKey& child, const Request& r, int64_t position);
+  void NoteContinuation(const PrefixKey& child, const Request& r, int64_t position, int32_t parent);
   void ShareCheckpoint(int32_t group, int32_t block, const Request& r, int64_t position);
   // Whether every pool can supply `need` (per pool) while keeping `hit_keep`; with two-level
   // memory, moves slabs so that it can (nothing moves when it cannot). kResourceExhausted

@@ -131,7 +131,10 @@ void TokenGroup::PublishUpTo(Request& r, TokenSlot& ts, int64_t limit) {
   const int64_t full = math_.Block(limit);
   for (int64_t j = ts.num_published; j < full; ++j) {
     const int32_t b = ts.table[static_cast<size_t>(j)];
-    if (b != BlockPool::kNullBlock) core_.PublishBlock(pool(), b, Key(r, j), r, j * bs);
+    if (b != BlockPool::kNullBlock) {
+      core_.PublishBlock(pool(), b, Key(r, j), r, j * bs,
+                         j > 0 ? ts.table[static_cast<size_t>(j - 1)] : BlockPool::kNullBlock);
+    }
   }
   ts.num_published = std::max<int32_t>(ts.num_published, static_cast<int32_t>(full));
 }
