@@ -326,11 +326,13 @@ Result<Allocator> MakeAllocator(const ModelSpec& model, AllocatorMode mode,
                     o.max_model_len));
   }
   HKV_ASSIGN_OR_RETURN(Allocator a, MakeAllocatorUnchecked(model, mode, o));
-  // Every mode serves with checkpoints admitted by expected reuse, under pressure keeps fewer
-  // rolling states, and keeps shared prefixes longer (allocator_mode.h).
+  // Every mode serves with checkpoints admitted by expected reuse and under pressure keeps fewer
+  // rolling states; uniform and hybridkv keep shared prefixes longer (allocator_mode.h).
   a.config.prompt_checkpoints = false;
   a.config.rolling_stride_after_give_back = a.config.AlignUp(kRollingStrideAfterGiveBack);
-  a.config.branch_bonus = kBranchBonus;
+  // padded evicts as vLLM does (group by group, least recently freed first), so it keeps no
+  // shared prefix longer.
+  a.config.branch_bonus = mode == AllocatorMode::kPadded ? 0.0 : kBranchBonus;
   int64_t blocks = 0;
   for (const int32_t b : a.config.pool_blocks)
     blocks += b - 1;

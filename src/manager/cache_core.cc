@@ -224,10 +224,14 @@ void CacheCore::NoteContinuation(const PrefixKey& child, const Request& r, int64
   if (parent <= BlockPool::kNullBlock) return;  // a window group's parent may be gone
   const Result<int32_t> count = bp.AddContinuation(parent, static_cast<uint32_t>(child.hash.lo));
   Must(count.status());
-  const int32_t level = std::min(*count, config.branch_bonus_levels + 1);
-  // Marked already at this level (by another group, or an earlier request): its prefix is too.
-  if (level < 2 || bp.share_level(parent) >= level) return;
-  ++stats.shared_prefixes_marked;
+  const int32_t counted = std::min(*count, config.branch_bonus_levels + 1);
+  const int32_t level = std::max(counted, bp.share_level(parent));
+  if (level < 2) return;
+  if (counted > bp.share_level(parent)) ++stats.shared_prefixes_marked;
+  // Every group's blocks of the prefix, from its end back, up to the first one marked at this
+  // level already (its predecessors were marked with it) or gone (a hit needs nothing before it:
+  // a window's older blocks, or a prefix broken there). Blocks computed again after an eviction,
+  // a window's mostly, are marked by the next request that continues the prefix.
   for (size_t g = 0; g < config.groups.size(); ++g) {
     const GroupConfig& gc = config.groups[g];
     BlockPool& gp = pools[static_cast<size_t>(gc.pool)];
@@ -236,9 +240,11 @@ void CacheCore::NoteContinuation(const PrefixKey& child, const Request& r, int64
       const int32_t b = gp.Find({HashAt(r, position), gi});
       if (b > BlockPool::kNullBlock) Must(gp.MarkShared(b, level));
     } else if (IsDecoderTokens(gc)) {
-      for (int64_t end = gc.block_tokens; end <= position; end += gc.block_tokens) {
+      for (int64_t end = position / gc.block_tokens * gc.block_tokens; end > 0;
+           end -= gc.block_tokens) {
         const int32_t b = gp.Find({HashAt(r, end), gi});
-        if (b > BlockPool::kNullBlock) Must(gp.MarkShared(b, level));
+        if (b <= BlockPool::kNullBlock || gp.share_level(b) >= level) break;
+        Must(gp.MarkShared(b, level));
       }
     }
   }

@@ -24,8 +24,9 @@
 // tail-first eviction, recurrent checkpoints admitted by expected reuse: no prompt-end
 // checkpoints, ManagerConfig::prompt_checkpoints off; a request that gave its rolling state back
 // keeps its next ones only every kRollingStrideAfterGiveBack tokens, rounded up to the mode's hit
-// alignment, ManagerConfig::rolling_stride_after_give_back; shared prefixes kept longer,
-// ManagerConfig::branch_bonus = kBranchBonus); only pages, groups and pools differ.
+// alignment, ManagerConfig::rolling_stride_after_give_back); only pages, groups and pools differ,
+// and eviction in padded, which frees group by group and keeps no shared prefix longer, as vLLM
+// does (uniform and hybridkv: ManagerConfig::branch_bonus = kBranchBonus).
 //
 // Per-sequence figures are computed from `config` and `pool_block_bytes` alone, the same way for
 // every mode: a group holds TokenRule::BlocksHeld blocks of its pool for one sequence (a state
