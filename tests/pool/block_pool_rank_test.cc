@@ -9,12 +9,13 @@
 
 #include <hkv/pool/block_pool.h>
 
+#include "pool_test_util.h"
+
 namespace hkv {
 namespace {
 
-PrefixKey Key(uint64_t n) {
-  return {{n, n * 131 + 3}, 0};
-}
+using pool_testing::ExpectValid;
+using pool_testing::Key;
 
 // Ranks set by the test, per digest (absent: 1).
 class TableRank final : public EvictionRank {
@@ -25,11 +26,6 @@ class TableRank final : public EvictionRank {
   }
   std::unordered_map<uint64_t, uint64_t> ranks;
 };
-
-void ExpectValid(const BlockPool& p) {
-  const Status s = p.CheckInvariants();
-  EXPECT_TRUE(s.ok()) << s.message();
-}
 
 // Allocates n blocks, publishes block i under Key(keys[i]) and frees them in that order.
 std::vector<int32_t> CacheAndFree(BlockPool& p, const std::vector<uint64_t>& keys) {

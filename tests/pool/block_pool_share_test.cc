@@ -10,17 +10,13 @@
 
 #include <hkv/pool/block_pool.h>
 
+#include "pool_test_util.h"
+
 namespace hkv {
 namespace {
 
-PrefixKey Key(uint64_t n) {
-  return {{n, n * 131 + 3}, 0};
-}
-
-void ExpectValid(const BlockPool& p) {
-  const Status s = p.CheckInvariants();
-  EXPECT_TRUE(s.ok()) << s.message();
-}
+using pool_testing::ExpectValid;
+using pool_testing::Key;
 
 // Allocates one block, publishes it under Key(key); returns it held.
 int32_t Cached(BlockPool& p, uint64_t key) {
