@@ -247,6 +247,10 @@ int32_t BlockPool::PlainEnd(uint64_t now) {
 }
 
 Status BlockPool::set_branch_bonus(uint64_t ticks_per_level, int32_t max_levels) {
+  if (rank_ != nullptr) {
+    return Status::FailedPrecondition(
+        "set branch bonus: the pool queues by an eviction rank, which orders every cached block");
+  }
   if (num_cached() > 0) {
     return Status::FailedPrecondition(fmt::format(
         "set branch bonus: the pool already caches {} block(s) queued without it", num_cached()));
@@ -257,7 +261,7 @@ Status BlockPool::set_branch_bonus(uint64_t ticks_per_level, int32_t max_levels)
   }
   bonus_ticks_ = ticks_per_level;
   bonus_levels_ = max_levels;
-  plain_end_ = tail_ >= 0 && tick_[static_cast<size_t>(tail_)] != 0 ? tail_ : -1;
+  plain_end_ = -1;  // PlainEnd walks forward from the head run on the next plain free
   return Status::Ok();
 }
 
@@ -341,6 +345,10 @@ void BlockPool::RetickEmptySegment(int32_t seg) {
 }
 
 Status BlockPool::set_eviction_rank(const EvictionRank* rank) {
+  if (rank != nullptr && bonus_ticks_ != 0) {
+    return Status::FailedPrecondition(
+        "set eviction rank: the pool keeps shared prefixes longer (set_branch_bonus)");
+  }
   if (num_cached() > 0) {
     return Status::FailedPrecondition(fmt::format(
         "set eviction rank: the pool already caches {} block(s) queued by another order",
@@ -618,6 +626,14 @@ void BlockPool::ResetPrefixCache() {
   while (empty_head_[kEmptyCached] >= 0)
     MoveSegment(empty_head_[kEmptyCached], kEmptyUncached);
   cached_in_empty_ = 0;  // the segments' counts were zeroed before they moved
+  if (ranked()) {
+    // Ticks that are ranks or bonuses may lie ahead of the clock: blocks freed from now on would
+    // queue before these, which are worth nothing now. They join the head run, in their order.
+    for (int32_t b = head_; b >= 0; b = next_[static_cast<size_t>(b)])
+      tick_[static_cast<size_t>(b)] = 0;
+    head_run_end_ = tail_;
+    plain_end_ = -1;
+  }
   Record(KvEvent::Kind::kCleared, {}, 0);
 }
 

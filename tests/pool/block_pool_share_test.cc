@@ -155,6 +155,36 @@ TEST(BlockPoolShare, CountsAndLevelsBelongToTheIdentity) {
   ExpectValid(p);
 }
 
+// After a reset nothing the pool holds is worth anything: blocks queued with a bonus ahead of the
+// clock go before a block cached after the reset, not behind it.
+TEST(BlockPoolShare, AResetQueuesEveryFreeBlockAsWorthless) {
+  BlockPool p = BlockPool::Create(5).value();
+  ASSERT_TRUE(p.set_branch_bonus(10, 8).ok());
+  std::vector<int32_t> got;
+  ASSERT_TRUE(p.Allocate(4, got).ok());
+  for (int32_t b : got)
+    ASSERT_TRUE(p.Publish(b, Key(static_cast<uint64_t>(b))).ok());
+  ASSERT_TRUE(p.MarkShared(got[0], 2).ok());
+  ASSERT_TRUE(p.MarkShared(got[1], 2).ok());
+  ASSERT_TRUE(p.Free(got).ok());  // two queued ahead of the clock, two at it
+  p.ResetPrefixCache();
+  ExpectValid(p);
+  std::vector<int32_t> one;
+  ASSERT_TRUE(p.Allocate(1, one).ok());
+  ASSERT_TRUE(p.Publish(one[0], Key(99)).ok());
+  FreeOne(p, one[0]);
+  ExpectValid(p);
+  EXPECT_EQ(p.FreeListOrder().back(), one[0]);  // evicted last
+  std::vector<int32_t> rest;
+  ASSERT_TRUE(p.Allocate(3, rest).ok());  // the three worthless ones
+  EXPECT_EQ(p.Find(Key(99)), one[0]);
+  // The bonus may be set again on an emptied cache.
+  FreeOne(p, rest[0]);
+  p.ResetPrefixCache();
+  ASSERT_TRUE(p.set_branch_bonus(4, 8).ok());
+  ExpectValid(p);
+}
+
 TEST(BlockPoolShare, BadCallsAreRejectedAndChangeNothing) {
   BlockPool p = BlockPool::Create(6).value();
   EXPECT_EQ(p.set_branch_bonus(4, 0).code(), StatusCode::kInvalidArgument);
@@ -175,6 +205,14 @@ TEST(BlockPoolShare, BadCallsAreRejectedAndChangeNothing) {
   EXPECT_EQ(late.code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(late.message().find("already caches 1 block"), std::string::npos);
   EXPECT_EQ(p.branch_bonus_ticks(), 4u);
+  // Never with an eviction rank, which orders every cached block itself.
+  struct OneRank final : EvictionRank {
+    uint64_t Rank(const BlockHash&) const override { return 1; }
+  } rank;
+  EXPECT_EQ(p.set_eviction_rank(&rank).code(), StatusCode::kFailedPrecondition);
+  BlockPool ranked = BlockPool::Create(4).value();
+  ASSERT_TRUE(ranked.set_eviction_rank(&rank).ok());
+  EXPECT_EQ(ranked.set_branch_bonus(4, 8).code(), StatusCode::kFailedPrecondition);
   ExpectValid(p);
 }
 

@@ -87,7 +87,8 @@ class BlockPool {
   // freed after it. Levels and counts belong to the identity: they start at 0 when a block is
   // published and are dropped with it. The free list stays sorted by tick, and an empty segment's
   // tick is the time it emptied or, while later, the highest tick it queues. Only before the pool
-  // caches anything (FailedPrecondition otherwise); max_levels in [1, 254].
+  // caches anything and never with an eviction rank (FailedPrecondition otherwise, either order);
+  // max_levels in [1, 254]. ResetPrefixCache queues every free block as worth nothing.
   Status set_branch_bonus(uint64_t ticks_per_level, int32_t max_levels);
   uint64_t branch_bonus_ticks() const { return bonus_ticks_; }
   // A block was published right after `block` (a cached block), `child` naming its content:
