@@ -32,6 +32,11 @@ CLI::App* AddVerifyCommand(CLI::App& app, VerifyArgs& args) {
   cmd->add_option("--memory", args.options.memory_bytes,
                   "KV memory in bytes (default: about three sequences)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 32));
+  cmd->add_option("--branch-bonus", args.options.branch_bonus,
+                  "keep prefixes several requests branch from this many cache turnovers longer "
+                  "per extra continuation (ManagerConfig::branch_bonus; default 0: least "
+                  "recently freed first)")
+      ->check(CLI::Range(0.0, 64.0));
   cmd->add_option("--policy", args.policy,
                   "sparse-KV policy on every full-attention layer: dense, streaming_llm, h2o, "
                   "tova, snapkv, knorm");
@@ -187,7 +192,8 @@ void PrintJson(const VerifyArgs& args, const VerifyOptions& options, const Verif
                    {"evictions", f.evictions},
                    {"tokens_evicted", f.tokens_evicted},
                    {"blocks_evicted", f.blocks_evicted},
-                   {"evictions_deferred", f.evictions_deferred}};
+                   {"evictions_deferred", f.evictions_deferred},
+                   {"shared_prefixes_marked", f.shared_prefixes_marked}};
   if (options.kv_events) j["kv_event_batches"] = r.kv_event_batches;
   if (options.offload) {
     j["offload"] = {{"tier", args.offload},
