@@ -121,7 +121,7 @@ void WindowGroup::CollectForRelease(Request& r, std::vector<std::pair<int64_t, i
       // Released when it left the window; if it is still cached and nobody holds it, it
       // rejoins the eviction order at its position, next to the other groups' blocks.
       const int32_t cached = bp.Find(Key(r, static_cast<int64_t>(j)));
-      if (cached <= BlockPool::kNullBlock) continue;
+      if (cached <= BlockPool::kNullBlock || bp.ref_count(cached) != 0) continue;
       core_.AcquireHeld(pool(), cached);
       b = cached;
     }

@@ -216,7 +216,8 @@ void BlockPool::Append(int32_t b) {
   }
   const uint64_t bonus = BonusOf(b);
   if (bonus > 0) {
-    LinkFromTail(b, now + bonus);
+    // Mostly at the tail: a shared block freed now outranks everything freed before it.
+    LinkByRank(b, now + bonus);
     return;
   }
   Link(b, PlainEnd(now), now);
@@ -227,14 +228,6 @@ uint64_t BlockPool::BonusOf(int32_t b) const {
   const size_t i = static_cast<size_t>(b);
   if (!has_key_[i] || share_[i] < 2) return 0;
   return bonus_ticks_ * static_cast<uint64_t>(std::min<int32_t>(share_[i] - 1, bonus_levels_));
-}
-
-void BlockPool::LinkFromTail(int32_t b, uint64_t tick) {
-  // Shared blocks freed now mostly outrank every queued one: the walk is short from the back.
-  int32_t after = tail_;
-  while (after >= 0 && after != head_run_end_ && tick_[static_cast<size_t>(after)] > tick)
-    after = prev_[static_cast<size_t>(after)];
-  Link(b, after, tick);
 }
 
 int32_t BlockPool::PlainEnd(uint64_t now) {

@@ -326,7 +326,6 @@ class BlockPool {
   bool ranked() const { return rank_ != nullptr || bonus_ticks_ != 0; }
   uint64_t BonusOf(int32_t b) const;
   uint64_t EmptyTick(int32_t seg) const;  // a segment's tick when its last held block is freed
-  void LinkFromTail(int32_t b, uint64_t tick);
   int32_t PlainEnd(uint64_t now);
   bool pack_ = false;
   int32_t fill_ = -1;          // the segment being filled, -1 none
