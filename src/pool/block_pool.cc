@@ -181,7 +181,10 @@ void BlockPool::Unlink(int32_t b) {
   on_list_[i] = 0;
   --num_free_;
   num_free_cached_ -= has_key_[i];
-  if (tick_[i] != 0 && has_key_[i]) --seg_cached_queued_[Seg(segment_of(b))];
+  if (tick_[i] != 0 && has_key_[i]) {
+    --seg_cached_queued_[Seg(segment_of(b))];
+    --num_queued_cached_;
+  }
 }
 
 void BlockPool::Link(int32_t b, int32_t after, uint64_t tick) {
@@ -201,7 +204,10 @@ void BlockPool::Link(int32_t b, int32_t after, uint64_t tick) {
   ++num_free_;
   num_free_cached_ += has_key_[i];
   tick_[i] = tick;
-  if (tick != 0 && has_key_[i]) ++seg_cached_queued_[Seg(segment_of(b))];
+  if (tick != 0 && has_key_[i]) {
+    ++seg_cached_queued_[Seg(segment_of(b))];
+    ++num_queued_cached_;
+  }
 }
 
 void BlockPool::Append(int32_t b) {
@@ -385,7 +391,10 @@ void BlockPool::DropIdentity(int32_t b) {
   has_key_[i] = 0;
   continuations_[i] = share_[i] = 0;
   num_free_cached_ -= on_list_[i];
-  if (on_list_[i] && tick_[i] != 0) --seg_cached_queued_[Seg(segment_of(b))];
+  if (on_list_[i] && tick_[i] != 0) {
+    --seg_cached_queued_[Seg(segment_of(b))];
+    --num_queued_cached_;
+  }
   SegmentCached(b, -1);
   Record(KvEvent::Kind::kRemoved, key_[i], b);
   if (track_dropped_) dropped_.push_back(key_[i]);
@@ -544,7 +553,29 @@ Status BlockPool::Free(std::span<const int32_t> blocks, Retention retention) {
   for (size_t k = 0; k < counted; ++k)
     pending_[static_cast<size_t>(blocks[k])] = 0;
   if (!bad.ok()) return bad;
-  if (retention == Retention::kNormal) {
+  if (retention == Retention::kProbation) {
+    // Demoted blocks join the end of the head run, so inserting in the listed order keeps it;
+    // blocks without identity are prepended in reverse for the same reason (kLow). Blocks a
+    // bonus keeps go to the tail, as listed.
+    scratch_.clear();
+    for (int32_t b : blocks) {
+      if (--ref_[static_cast<size_t>(b)] != 0) continue;
+      if (BonusOf(b) > 0) {
+        Append(b);
+        Released(b);
+      } else {
+        scratch_.push_back(b);
+      }
+    }
+    for (int32_t b : scratch_) {
+      if (has_key_[static_cast<size_t>(b)]) InsertAfterHeadRun(b);
+    }
+    for (auto it = scratch_.rbegin(); it != scratch_.rend(); ++it) {
+      if (!has_key_[static_cast<size_t>(*it)]) Prepend(*it);
+    }
+    for (int32_t b : scratch_)
+      Released(b);
+  } else if (retention == Retention::kNormal) {
     for (int32_t b : blocks) {
       if (--ref_[static_cast<size_t>(b)] == 0) {
         Append(b);
@@ -615,6 +646,7 @@ void BlockPool::ResetPrefixCache() {
   std::fill(share_.begin(), share_.end(), 0);
   std::fill(seg_cached_.begin(), seg_cached_.end(), 0);
   std::fill(seg_cached_queued_.begin(), seg_cached_queued_.end(), 0);
+  num_queued_cached_ = 0;
   num_free_cached_ = 0;
   while (empty_head_[kEmptyCached] >= 0)
     MoveSegment(empty_head_[kEmptyCached], kEmptyUncached);
@@ -775,6 +807,13 @@ Status BlockPool::CountBlocks(InvariantCounts& c) const {
   if (c.free_cached != num_free_cached_) {
     return fail(fmt::format("{} free blocks are cached but the count says {}", c.free_cached,
                             num_free_cached_));
+  }
+  int32_t queued = 0;
+  for (int32_t q : c.queued)
+    queued += q;
+  if (queued != num_queued_cached_) {
+    return fail(fmt::format("{} cached free blocks are queued at the tail but the count says {}",
+                            queued, num_queued_cached_));
   }
   return Status::Ok();
 }

@@ -129,7 +129,10 @@ class BlockPool {
   Status Unpublish(int32_t block);
   // Drops one reference per listed block (a block may be listed as often as it is referenced).
   // Blocks that become free are queued for eviction in the order listed, at the tail or, with
-  // Retention::kLow, at the head of the free list.
+  // Retention::kLow, at the head of the free list. With Retention::kProbation, cached blocks
+  // become free as if freed to the tail and demoted at once (Demote), in the order listed, so
+  // blocks freed together leave in the order they would have at the tail; blocks without
+  // identity go to the head, and blocks a branch bonus keeps (share level >= 2) to the tail.
   Status Free(std::span<const int32_t> blocks, Retention retention = Retention::kNormal);
   // Moves a free block ahead of every block freed to the tail, behind those freed to the head
   // (blocks worth nothing are still reused first), keeping its prefix identity: it still serves
@@ -179,6 +182,11 @@ class BlockPool {
   // Owned blocks (free or held), free blocks with a prefix identity.
   int32_t num_owned() const { return num_owned_; }
   int32_t num_free_cached() const { return num_free_cached_; }
+  // Those of them queued at the tail (not freed to the head, demoted or on probation): the part of
+  // the cache that recency alone orders. O(1).
+  int32_t num_queued_cached() const { return num_queued_cached_; }
+  // The eviction clock: the ticks handed out so far (one per block freed to the tail).
+  uint64_t clock() const { return *clock_; }
   // The tick a free block was queued with (0 for blocks queued at the head).
   uint64_t free_tick(int32_t block) const { return tick_[static_cast<size_t>(block)]; }
   // The free block after `block` in eviction order (-1 at the end); -1 starts from the head.
@@ -296,9 +304,11 @@ class BlockPool {
   bool track_dropped_ = false;
   std::vector<PrefixKey> dropped_;
   std::vector<int32_t> pending_;  // Free's validation: times listed per block, kept all zero
+  std::vector<int32_t> scratch_;  // Free with kProbation: blocks queued after the head run
   std::vector<uint64_t> tick_;    // per free block: eviction clock when queued
   std::shared_ptr<uint64_t> clock_;
   int32_t num_owned_ = 0, num_free_cached_ = 0;
+  int32_t num_queued_cached_ = 0;  // the sum of seg_cached_queued_
   // Segments.
   int32_t segment_blocks_ = 1;
   std::vector<int32_t> seg_held_, seg_cached_;
