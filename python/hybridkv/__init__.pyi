@@ -69,6 +69,8 @@ class ManagerConfig:
     branch_memory_entries: int
     branch_bonus: float
     branch_bonus_levels: int
+    thrash_guard: bool
+    thrash_keep_share: float
     record_events: bool
     def __init__(self) -> None: ...
     @staticmethod
@@ -183,6 +185,9 @@ class ManagerStats:
     branch_blocks_given_back: int
     remembered_branches_kept: int
     shared_prefixes_marked: int
+    thrash_keep_share: float
+    thrash_returns_seen: int
+    thrash_probation_frees: int
     rolling_states_given_back: int
     uncovered_blocks_demoted: int
     unreachable_checkpoints_demoted: int
@@ -224,7 +229,7 @@ class KvCacheManager:
     def fork(self, parent: int, child: int) -> None: ...
     def truncate(self, id: int, n: int) -> TruncateResult: ...
     def evict(self, id: int, group: int, keep: int, unchanged: int) -> EvictResult: ...
-    def free(self, id: int) -> None: ...
+    def free(self, id: int, preempted: bool = False) -> None: ...
     def reset_prefix_cache(self) -> None: ...
     def compact(self, max_slabs_per_class: int | Sequence[int]
                 ) -> tuple[npt.NDArray[np.int32], list[int]]: ...

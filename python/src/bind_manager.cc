@@ -271,6 +271,9 @@ void BindStatsTypes(py::module_& m) {
       .def_readonly("branch_blocks_given_back", &ManagerStats::branch_blocks_given_back)
       .def_readonly("remembered_branches_kept", &ManagerStats::remembered_branches_kept)
       .def_readonly("shared_prefixes_marked", &ManagerStats::shared_prefixes_marked)
+      .def_readonly("thrash_keep_share", &ManagerStats::thrash_keep_share)
+      .def_readonly("thrash_returns_seen", &ManagerStats::thrash_returns_seen)
+      .def_readonly("thrash_probation_frees", &ManagerStats::thrash_probation_frees)
       .def_readonly("rolling_states_given_back", &ManagerStats::rolling_states_given_back)
       .def_readonly("uncovered_blocks_demoted", &ManagerStats::uncovered_blocks_demoted)
       .def_readonly("unreachable_checkpoints_demoted",
@@ -414,10 +417,13 @@ void BindAllocation(ManagerClass& cls) {
           "the table from before the call.")
       .def(
           "free",
-          [](Manager& self, uint64_t id) {
-            self.Locked([&](KvCacheManager& mgr) { Check(mgr.Free(id)); });
+          [](Manager& self, uint64_t id, bool preempted) {
+            const FreeReason reason = preempted ? FreeReason::kPreempted : FreeReason::kFinished;
+            self.Locked([&](KvCacheManager& mgr) { Check(mgr.Free(id, reason)); });
           },
-          py::arg("id"))
+          py::arg("id"), py::arg("preempted") = false,
+          "Ends a request. preempted=True: it comes back (ManagerConfig.thrash_guard never puts "
+          "its blocks on probation).")
       .def("reset_prefix_cache",
            [](Manager& self) {
              self.Locked([&](KvCacheManager& mgr) { Check(mgr.ResetPrefixCache()); });

@@ -129,6 +129,8 @@ void BindConfigs(py::module_& m) {
       .def_readwrite("branch_memory_entries", &ManagerConfig::branch_memory_entries)
       .def_readwrite("branch_bonus", &ManagerConfig::branch_bonus)
       .def_readwrite("branch_bonus_levels", &ManagerConfig::branch_bonus_levels)
+      .def_readwrite("thrash_guard", &ManagerConfig::thrash_guard)
+      .def_readwrite("thrash_keep_share", &ManagerConfig::thrash_keep_share)
       .def_readwrite("record_events", &ManagerConfig::record_events)
       .def(
           "validate", [](const ManagerConfig& c) { Check(c.Validate()); },

@@ -548,3 +548,23 @@ def test_a_prefix_two_requests_branch_from_is_marked_shared():
     c.branch_bonus = -1.0
     with pytest.raises(hybridkv.InvalidArgumentError, match="branch_bonus -1"):
         hybridkv.KvCacheManager(c)
+
+
+def test_the_thrash_guard_puts_finished_requests_on_probation_but_not_preempted_ones():
+    c = full_attention_config(num_blocks=17)
+    c.thrash_guard = True
+    c.thrash_keep_share = 1.0 / 16  # fixed: about 15 of 16 finished requests on probation
+    mgr = hybridkv.KvCacheManager(c)
+    assert mgr.stats.thrash_keep_share == pytest.approx(1.0 / 16)
+    for rid in range(1, 21):
+        run_prompt(mgr, rid, list(range(1000 * rid, 1000 * rid + 8)))
+        mgr.free(rid, preempted=True)
+    assert mgr.stats.thrash_probation_frees == 0
+    for rid in range(21, 41):
+        run_prompt(mgr, rid, list(range(1000 * rid, 1000 * rid + 8)))
+        mgr.free(rid)
+    assert mgr.stats.thrash_probation_frees > 10
+    mgr.check_invariants()
+    c.thrash_keep_share = 2.0
+    with pytest.raises(hybridkv.InvalidArgumentError, match="thrash_keep_share 2"):
+        hybridkv.KvCacheManager(c)

@@ -331,7 +331,7 @@ Status Engine::Impl::Preempt(const Live* victim) {
     v->loading = false;
     v->load_drafts.clear();
   }
-  HKV_RETURN_IF_ERROR(manager_->Free(v->seq.id));
+  HKV_RETURN_IF_ERROR(manager_->Free(v->seq.id, FreeReason::kPreempted));
   HKV_RETURN_IF_ERROR(AfterManagerCall());
   v->started = false;
   ++counters_.preemptions;
@@ -647,6 +647,7 @@ Status Engine::Impl::Step() {
   counters_.rolling_states_given_back = ms.rolling_states_given_back;
   counters_.remembered_branches_kept = ms.remembered_branches_kept;
   counters_.shared_prefixes_marked = ms.shared_prefixes_marked;
+  counters_.thrash_probation_frees = ms.thrash_probation_frees;
   counters_.coverage_demotions =
       ms.uncovered_blocks_demoted + ms.unreachable_checkpoints_demoted + ms.superseded_hits_demoted;
   // No step is open between scheduler steps: pages may move now, before anything reads them.

@@ -309,6 +309,8 @@ Result<VerifyReport> RunVerify(const ModelSpec& real, const VerifyOptions& o) {
   config.prompt_checkpoints = o.prompt_checkpoints;
   config.eviction_rank = o.eviction_rank;
   config.branch_bonus = o.branch_bonus;
+  config.thrash_guard = o.thrash_guard;
+  config.thrash_keep_share = o.thrash_keep_share;
   config.rolling_stride_after_give_back = config.AlignUp(o.rolling_stride_after_give_back);
   config.publish_at_allocate = o.batched;
   // Every third seed runs as an EAGLE-style engine would: hits end one block early.

@@ -194,6 +194,13 @@ Status KvCacheManager::Impl::Allocate(Request& r, int64_t num_new, const PrefixH
   if (!r.started) r.own_from = begin;
   // A started request keeps its own (a give-back above may have cleared it).
   if (!r.started) {
+    // The thrash guard learns how long conversations take to come back; a hit reaching (within
+    // one hit alignment) the end of the chain it continues keeps that chain's place.
+    if (core.guard != nullptr) {
+      r.continued = core.guard->Started(r.hashes, (hit.tokens + core.align) / core.hash_tokens,
+                                        core.GuardNow());
+      core.stats.thrash_returns_seen = core.guard->returns_seen();
+    }
     r.window_branch = window_branch;
     // A remembered branch inside the hit (a system prompt before a previous turn's end): the
     // request holds its window blocks that are still cached, as it keeps its own at a branch.

@@ -333,6 +333,7 @@ Result<Allocator> MakeAllocator(const ModelSpec& model, AllocatorMode mode,
   // padded evicts as vLLM does (group by group, least recently freed first), so it keeps no
   // shared prefix longer.
   a.config.branch_bonus = mode == AllocatorMode::kPadded ? 0.0 : kBranchBonus;
+  a.config.thrash_guard = mode != AllocatorMode::kPadded;
   int64_t blocks = 0;
   for (const int32_t b : a.config.pool_blocks)
     blocks += b - 1;

@@ -173,6 +173,14 @@ void CacheCore::Release(int32_t pool, std::span<const int32_t> blocks, Retention
   Must(bp.Free(release_normal, retention));
 }
 
+uint64_t CacheCore::GuardResidence() const {
+  if (arena.num_slabs() == 0) return pools[static_cast<size_t>(guard_pool)].num_queued_cached();
+  uint64_t queued = 0;
+  for (const BlockPool& bp : pools)
+    queued += bp.num_queued_cached();
+  return queued;
+}
+
 void CacheCore::ReleaseOne(int32_t pool, int32_t block, Retention retention) {
   if (block == BlockPool::kNullBlock) return;
   Release(pool, {&block, 1}, retention);

@@ -10,6 +10,7 @@
 
 #include <bit>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -20,6 +21,7 @@
 
 #include "checkpoint_coverage.h"
 #include "request_state.h"
+#include "thrash_guard.h"
 
 namespace hkv::manager_internal {
 
@@ -162,6 +164,13 @@ struct CacheCore {
   std::vector<PoolBlock> hit_keep;
 
   bool share_branches = false;  // ManagerConfig::branch_bonus is on (KvCacheManager::Create)
+  // ManagerConfig::thrash_guard (set by KvCacheManager::Create when on). Its clock is that of
+  // `guard_pool` (the arena's pools share one), its residence the cached blocks queued at the
+  // tail of every pool on that clock.
+  std::unique_ptr<ThrashGuard> guard;
+  int32_t guard_pool = 0;
+  uint64_t GuardNow() const { return pools[static_cast<size_t>(guard_pool)].clock(); }
+  uint64_t GuardResidence() const;
   bool cover = false;
   CheckpointCoverage coverage;
   static constexpr uint8_t kCoverNone = 0, kCoverToken = 1, kCoverState = 2;

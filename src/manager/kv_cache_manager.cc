@@ -88,6 +88,16 @@ Result<KvCacheManager> KvCacheManager::Create(const ManagerConfig& config) {
     }
     core.share_branches = true;
   }
+  if (config.thrash_guard && config.eviction_rank == nullptr && config.enable_prefix_caching) {
+    // Fixed pools each keep their own clock: the guard reads the largest (the finest pages).
+    for (size_t p = 0; p < core.pools.size(); ++p) {
+      if (core.pools[p].num_blocks() >
+          core.pools[static_cast<size_t>(core.guard_pool)].num_blocks())
+        core.guard_pool = static_cast<int32_t>(p);
+    }
+    core.guard = std::make_unique<manager_internal::ThrashGuard>(config.thrash_keep_share);
+    core.stats.thrash_keep_share = core.guard->keep_share();
+  }
   core.StartCoverage();
   return KvCacheManager(std::move(impl));
 }
@@ -296,7 +306,7 @@ Result<TruncateResult> KvCacheManager::Truncate(RequestId id, int64_t n) {
   return impl_->Truncate(*r, n);
 }
 
-Status KvCacheManager::Free(RequestId id) {
+Status KvCacheManager::Free(RequestId id, FreeReason reason) {
   Impl& m = *impl_;
   Request* r = m.Find(id);
   if (r == nullptr) {
@@ -305,7 +315,7 @@ Status KvCacheManager::Free(RequestId id) {
   }
   if (r->step_open) HKV_RETURN_IF_ERROR(m.CheckLent(*r, r->computed, "free"));
   if (m.config.record_events) m.freed_tokens.emplace_back(id, r->tokens);
-  m.FreeRequest(*r);
+  m.FreeRequest(*r, reason);
   const int32_t slot = m.index.Find(id);
   m.index.Erase(id);
   m.free_slots.push_back(slot);

@@ -248,6 +248,11 @@ Status ManagerConfig::Validate() const {
     return Status::InvalidArgument(fmt::format(
         "manager config: branch_bonus {} must be in [0, 64] cache turnovers", branch_bonus));
   }
+  if (!(thrash_keep_share >= 0 && thrash_keep_share <= 1)) {
+    return Status::InvalidArgument(
+        fmt::format("manager config: thrash_keep_share {} must be 0 (learned) or in (0, 1]",
+                    thrash_keep_share));
+  }
   if (branch_bonus_levels < 1 || branch_bonus_levels > 254) {
     return Status::InvalidArgument(fmt::format(
         "manager config: branch_bonus_levels {} must be in [1, 254]", branch_bonus_levels));

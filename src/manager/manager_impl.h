@@ -100,7 +100,10 @@ struct KvCacheManager::Impl {
   Result<TruncateResult> Truncate(Request& r, int64_t n);
   Result<EvictResult> Evict(Request& r, int32_t group, int64_t keep, int64_t unchanged);
   Status Fork(const Request& parent, RequestId child);
-  void FreeRequest(Request& r);
+  void FreeRequest(Request& r, FreeReason reason = FreeReason::kFinished);
+  // ManagerConfig::thrash_guard at a free: where the request's blocks queue, and its chain end
+  // remembered.
+  void GuardFree(Request& r, FreeReason reason);
   // FinishLoad(id, false): releases everything the request acquired at its first Allocate.
   void AbandonStart(Request& r);
   // for_pool >= 0: KvCacheManager::CompactFor.

@@ -41,6 +41,9 @@ struct Request {
   // Checkpoints at positions after this one were published by this request (before it: by the
   // request it hit or forked from), so its retention rules may demote them.
   int64_t own_from = 0;
+  // The first Allocate's hit reached the end of a chain the thrash guard remembered (the request
+  // continues a conversation the cache kept): its blocks keep their place when it is freed.
+  bool continued = false;
   // Positions at or past this hold KV and state computed after the request evicted tokens
   // (Evict): they are not a function of the tokens alone, so they are never published.
   int64_t publish_until = kNoLimit;
@@ -69,6 +72,7 @@ struct Request {
     divergence = 0;
     window_branch = 0;
     own_from = 0;
+    continued = false;
     publish_until = kNoLimit;
     rolling_stride = 0;
   }

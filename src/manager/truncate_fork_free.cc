@@ -106,20 +106,40 @@ void KvCacheManager::Impl::ReleaseTokenBlocksCoherently(Request& r) {
   }
 }
 
-void KvCacheManager::Impl::FreeRequest(Request& r) {
+void KvCacheManager::Impl::FreeRequest(Request& r, FreeReason reason) {
   // What an open step published at Allocate was never computed.
   if (r.step_open) {
     for (manager_internal::GroupManager* g : ahead_publishers)
       g->WithdrawAhead(r, r.computed);
   }
+  const Retention retention = r.retention;
+  if (core.guard != nullptr && r.started) GuardFree(r, reason);
   if (config.coherent_eviction) ReleaseTokenBlocksCoherently(r);
   for (const auto& g : groups)
     g->Free(r);
+  r.retention = retention;
   r.tokens.clear();
   r.hashes.clear();
   r.items.clear();
   r.encoder_hashes.clear();
   r.ResetProgress();
+}
+
+void KvCacheManager::Impl::GuardFree(Request& r, FreeReason reason) {
+  // The chain end is the last hash block the request computed: the next turn's prompt holds it,
+  // and only computed blocks can have been cached for that turn to hit.
+  const int64_t ends = std::min(r.computed, r.known()) / core.hash_tokens;
+  if (ends <= 0) return;
+  manager_internal::ThrashGuard& guard = *core.guard;
+  const uint64_t residence = core.GuardResidence();
+  if (reason == FreeReason::kFinished && r.retention == Retention::kNormal &&
+      !guard.Keep(r.continued)) {
+    r.retention = Retention::kProbation;
+    ++core.stats.thrash_probation_frees;
+  }
+  guard.Freed(r.hashes[static_cast<size_t>(ends - 1)], core.GuardNow(), residence);
+  guard.Tick(residence);
+  core.stats.thrash_keep_share = guard.keep_share();
 }
 
 void KvCacheManager::Impl::AbandonStart(Request& r) {

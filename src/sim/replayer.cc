@@ -60,7 +60,7 @@ class HkvDriven {
     const std::span<const BlockHash> again = future_ != nullptr
                                                  ? future_->Return(static_cast<size_t>(r.id))
                                                  : std::span<const BlockHash>();
-    HKV_RETURN_IF_ERROR(watch_([&] { return manager_.Free(r.id); }));
+    HKV_RETURN_IF_ERROR(watch_([&] { return manager_.Free(r.id, FreeReason::kPreempted); }));
     r.added = false;
     return future_ != nullptr ? manager_.Rerank(again) : Status::Ok();
   }

@@ -1,6 +1,7 @@
 // The end-to-end proof over scaled real models: randomised workloads with prefix sharing,
 // multi-turn continuations, forks, speculative decoding and memory pressure give exactly the
 // dense reference's tokens and logits, and every feature really ran.
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -284,11 +285,12 @@ TEST(Engine, RollingStatesAtAStrideAfterAGiveBackStayExact) {
   }
 }
 
-// Shared prefixes kept longer (ManagerConfig::branch_bonus): the prefixes requests branched from,
-// and their checkpoints, queue behind blocks freed after them. Every logit still equals dense, the
-// manager marked shared prefixes, and the order is really another one: some run hits a different
-// number of tokens than with recency alone.
-TEST(Engine, SharedPrefixesKeptLongerStayExact) {
+// An eviction rule under pressure, turned on by `rule`: at half the verify budget, on four models
+// (full attention, sliding window, two recurrent hybrids) and several seeds, every logit still
+// equals dense, the rule acted (`acted` counts it in the engine's counters), and the order is
+// really another one: some run hits a different number of tokens than with recency alone.
+void ExpectEvictionRuleExact(const std::function<void(VerifyOptions&)>& rule,
+                             int64_t EngineCounters::*acted) {
   LoadOptions load{DType::kFP32, DType::kFP32, DType::kFP32};
   const uint64_t seeds = testing::kSanitized ? 2 : 4;
   for (const char* name : {"meta-llama--Llama-3.1-8B", "google--gemma-2-9b",
@@ -296,27 +298,46 @@ TEST(Engine, SharedPrefixesKeptLongerStayExact) {
     auto real = LoadModelConfig(std::string(HKV_MODELS_DIR) + "/" + name, load);
     ASSERT_TRUE(real.ok()) << real.status().ToString();
     bool differs = false;
-    int64_t marked = 0, memory = 0;
+    int64_t acts = 0, memory = 0;
     for (uint64_t seed = 1; seed <= seeds; ++seed) {
       VerifyOptions o;
       o.seed = seed;
       o.prompt_checkpoints = false;
-      // Half the default budget: shared prefixes compete with newer blocks for memory.
+      // Half the default budget: cached blocks compete with newer ones for memory.
       if (memory == 0) memory = RunVerify(*real, o).value().memory_bytes / 2;
       o.memory_bytes = memory;
       auto lru = RunVerify(*real, o);
       ASSERT_TRUE(lru.ok()) << lru.status().ToString();
-      o.branch_bonus = 1;
+      rule(o);
       auto r = RunVerify(*real, o);
       ASSERT_TRUE(r.ok()) << r.status().ToString();
       EXPECT_TRUE(r->completed) << name << " seed " << seed;
       EXPECT_EQ(r->mismatches, 0) << name << " seed " << seed;
-      marked += r->features.shared_prefixes_marked;
+      acts += r->features.*acted;
       differs = differs || r->features.prefix_hit_tokens != lru->features.prefix_hit_tokens;
     }
-    EXPECT_GT(marked, 0) << name;
-    EXPECT_TRUE(differs) << name << ": the bonus changed no hit";
+    EXPECT_GT(acts, 0) << name;
+    EXPECT_TRUE(differs) << name << ": the rule changed no hit";
   }
+}
+
+// Shared prefixes kept longer (ManagerConfig::branch_bonus): the prefixes requests branched from,
+// and their checkpoints, queue behind blocks freed after them; the manager marked some.
+TEST(Engine, SharedPrefixesKeptLongerStayExact) {
+  ExpectEvictionRuleExact([](VerifyOptions& o) { o.branch_bonus = 1; },
+                          &EngineCounters::shared_prefixes_marked);
+}
+
+// The thrash guard (ManagerConfig::thrash_guard) with a fixed share: three of four finished
+// requests' blocks - token blocks and recurrent checkpoints - go on probation, evicted before
+// older blocks yet still serving hits until then; the manager put some there.
+TEST(Engine, ThrashGuardProbationStaysExact) {
+  ExpectEvictionRuleExact(
+      [](VerifyOptions& o) {
+        o.thrash_guard = true;
+        o.thrash_keep_share = 0.25;
+      },
+      &EngineCounters::thrash_probation_frees);
 }
 
 // An eviction order unrelated to recency (ManagerConfig::eviction_rank, what the simulator's

@@ -4,7 +4,8 @@
 # small enough for preemptions and evictions, every figure and the per-step CSV must be equal,
 # with blocks published when a step is allocated (the default) and when it is committed. The
 # reference evicts the least recently freed block first, so shared prefixes are not kept longer
-# here (--branch-bonus 0; docs/manager.md, "Shared prefixes kept longer").
+# here (--branch-bonus 0; docs/manager.md, "Shared prefixes kept longer"), nor are chains put on
+# probation (--thrash-guard off; docs/manager.md, "Thrash guard").
 set -euo pipefail
 hkv=$1
 root=$2
@@ -16,7 +17,7 @@ for publish in allocate commit; do
   ref_flag="--publish-at-allocate"
   if [ "$publish" = commit ]; then flag="--publish-at-commit"; ref_flag=""; fi
   "$hkv" simulate "$root/models/meta-llama--Llama-3.1-8B" --trace "$dir/trace.jsonl" --memory 3GiB \
-    --allocator hybridkv --branch-bonus 0 --json --csv "$dir/hkv" $flag > "$dir/hkv.json"
+    --allocator hybridkv --branch-bonus 0 --thrash-guard off --json --csv "$dir/hkv" $flag > "$dir/hkv.json"
   blocks=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["runs"][0]["num_blocks"] + 1)' "$dir/hkv.json")
   python3 "$root/scripts/replay_reference.py" "$dir/trace.jsonl" --num-blocks "$blocks" \
     --block-tokens 16 --csv "$dir/ref.csv" $ref_flag > "$dir/ref.json"

@@ -272,6 +272,32 @@ TEST_F(SimulateCommandTest, BranchBonus) {
   EXPECT_NE(shared["scheduled_tokens"].get<int64_t>(), plain["scheduled_tokens"].get<int64_t>());
 }
 
+// One request at a time on a cache that holds a few conversations: recency evicts each before
+// its next turn, the guard learns it and keeps a share, and more follow-ups hit. Off, it neither
+// measures nor acts.
+TEST_F(SimulateCommandTest, ThrashGuard) {
+  WriteTrace(400);
+  args_.config = std::string(HKV_MODELS_DIR) + "/meta-llama--Llama-3.1-8B";
+  args_.memory = "2GiB";
+  args_.max_running = 1;
+  args_.budget = 16384;
+  args_.allocator = "hybridkv";
+  args_.json = true;
+  const nlohmann::json guarded = FirstRun();  // the mode's default: on
+  args_.thrash_guard = "off";
+  const nlohmann::json plain = FirstRun();
+  const auto stat = [](const nlohmann::json& run, const char* name) {
+    return run["manager"][name].get<double>();
+  };
+  EXPECT_GT(stat(guarded, "thrash_returns_seen"), 100);
+  EXPECT_LT(stat(guarded, "thrash_keep_share"), 1);
+  EXPECT_GT(stat(guarded, "thrash_probation_frees"), 0);
+  EXPECT_EQ(stat(plain, "thrash_returns_seen"), 0);
+  EXPECT_EQ(stat(plain, "thrash_keep_share"), 1);
+  EXPECT_EQ(stat(plain, "thrash_probation_frees"), 0);
+  EXPECT_GT(guarded["hit_rate"].get<double>(), plain["hit_rate"].get<double>());
+}
+
 TEST_F(SimulateCommandTest, TableCsvAndPlot) {
   args_.csv_dir = (dir_ / "csv").string();
   args_.plot = (dir_ / "modes.png").string();

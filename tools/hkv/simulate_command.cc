@@ -132,6 +132,9 @@ nlohmann::json RunJson(const Run& run, bool with_timings) {
                     {"branch_blocks_given_back", m.branch_blocks_given_back},
                     {"remembered_branches_kept", m.remembered_branches_kept},
                     {"shared_prefixes_marked", m.shared_prefixes_marked},
+                    {"thrash_keep_share", m.thrash_keep_share},
+                    {"thrash_returns_seen", m.thrash_returns_seen},
+                    {"thrash_probation_frees", m.thrash_probation_frees},
                     {"rolling_states_given_back", m.rolling_states_given_back},
                     {"uncovered_blocks_demoted", m.uncovered_blocks_demoted},
                     {"unreachable_checkpoints_demoted", m.unreachable_checkpoints_demoted},
@@ -253,6 +256,7 @@ bool SimulateRun(const Inputs& in, const SimulateArgs& args, Run& run, std::ostr
     }
     if (args.branch_memory >= 0) allocator->config.branch_memory_entries = args.branch_memory;
     if (args.branch_bonus >= 0) allocator->config.branch_bonus = args.branch_bonus;
+    if (!args.thrash_guard.empty()) allocator->config.thrash_guard = args.thrash_guard == "on";
     run.block_tokens = allocator->block_tokens;
     run.state_page_bytes = allocator->state_page_bytes;
     run.pool_block_bytes = allocator->pool_block_bytes;
@@ -416,6 +420,12 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
                   "sessions branch from) this many cache turnovers longer per extra continuation "
                   "(ManagerConfig::branch_bonus; 0: least recently freed first; default 0.5)")
       ->check(CLI::Range(0.0, 64.0));
+  cmd->add_option("--thrash-guard", args.thrash_guard,
+                  "hkv modes: keep only the share of finished requests' chains that the measured "
+                  "return times say a cache this size can hold until their next turn, the rest "
+                  "on probation (ManagerConfig::thrash_guard; default on in uniform and "
+                  "hybridkv, off in padded)")
+      ->check(CLI::IsMember({"on", "off"}));
   cmd->add_flag("--oracle", args.oracle,
                 "also replay an `oracle` run: hybridkv's layout evicting Belady-style by the "
                 "trace's future (the next request that needs a prefix), and show every run's hit "

@@ -37,12 +37,13 @@ struct SimulateArgs {
   std::string requests_csv_dir;
   std::string plot;
   bool no_compact = false;  // hkv modes: an engine that never moves pages (CompactionDue off)
-  bool publish_at_commit = false;    // hkv modes: ManagerConfig::publish_at_allocate off
-  bool no_coverage = false;          // hkv modes: ManagerConfig::evict_uncovered off
-  bool prompt_checkpoints = false;   // hkv modes: ManagerConfig::prompt_checkpoints on
-  int64_t rolling_stride = -1;       // hkv modes: rolling_stride_after_give_back; -1: the mode's
-  int32_t branch_memory = -1;        // hkv modes: branch_memory_entries; -1: the mode's
-  double branch_bonus = -1;          // hkv modes: ManagerConfig::branch_bonus; -1: the mode's
+  bool publish_at_commit = false;   // hkv modes: ManagerConfig::publish_at_allocate off
+  bool no_coverage = false;         // hkv modes: ManagerConfig::evict_uncovered off
+  bool prompt_checkpoints = false;  // hkv modes: ManagerConfig::prompt_checkpoints on
+  int64_t rolling_stride = -1;      // hkv modes: rolling_stride_after_give_back; -1: the mode's
+  int32_t branch_memory = -1;       // hkv modes: branch_memory_entries; -1: the mode's
+  double branch_bonus = -1;         // hkv modes: ManagerConfig::branch_bonus; -1: the mode's
+  std::string thrash_guard;  // hkv modes: "on"/"off" (ManagerConfig::thrash_guard); "": the mode's
   std::string vllm_policy = "vllm";  // vllm mode: vLLM's eviction order, or "hybridkv"
   bool oracle = false;  // also an `oracle` run (ReplayOptions::oracle), and fractions of it
   bool json = false;

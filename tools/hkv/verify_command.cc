@@ -37,6 +37,13 @@ CLI::App* AddVerifyCommand(CLI::App& app, VerifyArgs& args) {
                   "per extra continuation (ManagerConfig::branch_bonus; default 0: least "
                   "recently freed first)")
       ->check(CLI::Range(0.0, 64.0));
+  cmd->add_option("--thrash-keep-share", args.options.thrash_keep_share,
+                  "turn the thrash guard on (ManagerConfig::thrash_guard) with this share of "
+                  "finished requests' chains keeping their place, the rest on probation; 0: the "
+                  "share is learned (default: guard off)")
+      ->check(CLI::Range(0.0, 1.0));
+  cmd->add_flag("--thrash-guard", args.options.thrash_guard,
+                "the thrash guard on, its share learned (ManagerConfig::thrash_guard)");
   cmd->add_option("--policy", args.policy,
                   "sparse-KV policy on every full-attention layer: dense, streaming_llm, h2o, "
                   "tova, snapkv, knorm");
@@ -193,7 +200,8 @@ void PrintJson(const VerifyArgs& args, const VerifyOptions& options, const Verif
                    {"tokens_evicted", f.tokens_evicted},
                    {"blocks_evicted", f.blocks_evicted},
                    {"evictions_deferred", f.evictions_deferred},
-                   {"shared_prefixes_marked", f.shared_prefixes_marked}};
+                   {"shared_prefixes_marked", f.shared_prefixes_marked},
+                   {"thrash_probation_frees", f.thrash_probation_frees}};
   if (options.kv_events) j["kv_event_batches"] = r.kv_event_batches;
   if (options.offload) {
     j["offload"] = {{"tier", args.offload},
@@ -268,6 +276,7 @@ int RunVerifyCommand(const VerifyArgs& args, std::ostream& out, std::ostream& er
   }
   VerifyOptions options = args.options;
   if (!ParseSparse(args, options, err)) return 2;
+  if (options.thrash_keep_share > 0) options.thrash_guard = true;
   std::unique_ptr<Tier> tier;
   std::filesystem::path temp_dir;
   if (!args.offload.empty()) {

@@ -47,6 +47,9 @@ struct VerifyOptions {
   // ManagerConfig::rolling_stride_after_give_back, rounded up to the scaled model's alignment.
   int64_t rolling_stride_after_give_back = 0;
   double branch_bonus = 0;  // ManagerConfig::branch_bonus: shared prefixes kept longer
+  // ManagerConfig::thrash_guard and thrash_keep_share (0: learned).
+  bool thrash_guard = false;
+  double thrash_keep_share = 0;
   // ManagerConfig::eviction_rank: evict by this order instead of recency (nullptr: recency).
   std::shared_ptr<const EvictionRank> eviction_rank;
   // Sparse-KV policies on every full-attention layer (no speculative drafts then). Every

@@ -26,7 +26,8 @@
 // keeps its next ones only every kRollingStrideAfterGiveBack tokens, rounded up to the mode's hit
 // alignment, ManagerConfig::rolling_stride_after_give_back); only pages, groups and pools differ,
 // and eviction in padded, which frees group by group and keeps no shared prefix longer, as vLLM
-// does (uniform and hybridkv: ManagerConfig::branch_bonus = kBranchBonus).
+// does (uniform and hybridkv: ManagerConfig::branch_bonus = kBranchBonus and
+// ManagerConfig::thrash_guard on).
 //
 // Per-sequence figures are computed from `config` and `pool_block_bytes` alone, the same way for
 // every mode: a group holds TokenRule::BlocksHeld blocks of its pool for one sequence (a state

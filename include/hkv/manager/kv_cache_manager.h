@@ -94,6 +94,12 @@ struct ManagerStats {
   // Times a cached token block gained a second or later continuation, so that the prefix up to
   // it was marked shared (ManagerConfig::branch_bonus; counted only with it on).
   int64_t shared_prefixes_marked = 0;
+  // ManagerConfig::thrash_guard: the share of freed chains that now keep their place (1: all, as
+  // with least recently freed first), requests whose prompt continued a chain end it remembered
+  // (cached or not), and finished requests whose blocks went on probation.
+  double thrash_keep_share = 1;
+  int64_t thrash_returns_seen = 0;
+  int64_t thrash_probation_frees = 0;
   // Rolling recurrent states (the newest aligned state a running request keeps, to publish when
   // it ends) that Allocate gave back for the same reason: published as cached checkpoints, or
   // dropped where the state was the request's live one (its step then writes in place).
@@ -186,8 +192,9 @@ class KvCacheManager {
   // Errors (nothing changed): unknown request, open step, a group that is not full attention, keep
   // > n or unchanged > keep, or a pool out of blocks for the replacements.
   Result<EvictResult> Evict(RequestId id, int32_t group, int64_t keep, int64_t unchanged);
-  // Ends a request and releases everything it holds (an open step is abandoned).
-  Status Free(RequestId id);
+  // Ends a request and releases everything it holds (an open step is abandoned). `reason`
+  // matters only with ManagerConfig::thrash_guard: a preempted request's blocks keep their place.
+  Status Free(RequestId id, FreeReason reason = FreeReason::kFinished);
   // Drops every prefix identity. Only when no request holds blocks (kFailedPrecondition else).
   Status ResetPrefixCache();
   // With ManagerConfig::eviction_rank: the ranks of the prefixes ending in these digests changed,

@@ -116,6 +116,19 @@ struct ManagerConfig {
   // recently freed first); ignored with an eviction_rank.
   double branch_bonus = 0;
   int32_t branch_bonus_levels = 8;  // in [1, 254]
+  // Keeping conversations when the cache cannot hold each until its next turn (docs/manager.md,
+  // "Thrash guard"). The manager remembers the chain end of every finished request and, when a
+  // later prompt continues one, how many eviction-clock ticks it took to come back, whether the
+  // cache still held it or not. From that distribution and the cache's residence (its cached
+  // blocks queued by recency) it picks the share p of finished requests whose blocks keep their
+  // place; the others go on probation (evicted before every block freed normally, still serving
+  // hits). A request whose hit reached the chain it continues is always kept. p = 1 (all kept:
+  // least recently freed first) whenever recency serves best. Off by default; ignored with an
+  // eviction_rank or without prefix caching.
+  bool thrash_guard = false;
+  // With thrash_guard: 0 learns the share; a value in (0, 1] fixes it instead (tests, or a
+  // deployment that measured its own).
+  double thrash_keep_share = 0;
   // Allocate publishes the full blocks of known tokens that the step it opens completes, instead
   // of Commit: a request looked up while that step is open - later in the same batch - hits
   // them, as in vLLM, which caches blocks when it schedules them. For an engine that runs every

@@ -38,6 +38,10 @@ struct RequestSpec {
 };
 
 // What Lookup found in the prefix cache. Pass it unchanged to the request's first Allocate.
+// Why a request's blocks are released (KvCacheManager::Free): a preempted request comes back to
+// use them, so ManagerConfig::thrash_guard never puts them on probation.
+enum class FreeReason : unsigned char { kFinished, kPreempted };
+
 struct PrefixHit {
   int64_t tokens = 0;    // decoder tokens [0, tokens) need not be computed
   bool encoder = false;  // the encoder's KV blocks are cached: the encoder need not run

@@ -1,0 +1,165 @@
+#include "thrash_guard.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace hkv::manager_internal {
+
+ThrashGuard::ThrashGuard(double fixed_share)
+    : ring_(kRemembered),
+      index_(kRemembered),
+      share_(fixed_share > 0 ? fixed_share : 1.0),
+      fixed_(fixed_share > 0) {}
+
+int32_t ThrashGuard::BinOf(double age) {
+  if (!(age >= 1)) return 0;
+  const double bin = std::floor(kBinsPerOctave * std::log2(age)) + 1;
+  return static_cast<int32_t>(std::min<double>(bin, kBins - 1));
+}
+
+void ThrashGuard::Outcome(int32_t bin) {
+  bins_[static_cast<size_t>(bin)] += 1;
+  outcomes_ += 1;
+  if (outcomes_ >= kWindow) {
+    // Halving keeps the shape and lets the recent past weigh most.
+    for (double& b : bins_)
+      b *= 0.5;
+    outcomes_ *= 0.5;
+  }
+}
+
+void ThrashGuard::Forget(int32_t slot, bool returned) {
+  End& e = ring_[static_cast<size_t>(slot)];
+  index_.Erase(e.key);
+  e.live = false;
+  if (!returned) {
+    ++forgotten_;
+    Outcome(kBins);
+  }
+}
+
+void ThrashGuard::Freed(const BlockHash& end, uint64_t now, uint64_t residence) {
+  const PrefixKey key{end, 0};
+  // The same end freed again (a preempted request, an identical prompt): the newer tick stands.
+  const int32_t present = index_.Find(key);
+  if (present >= 0) {
+    index_.Erase(key);
+    ring_[static_cast<size_t>(present)].live = false;
+  }
+  // Ends older than the horizon would only come back to a cache kept for a share below the
+  // smallest candidate: they count as never, and their slots stop costing probes. The ring holds
+  // ends in the order freed, so the walk stops at the first one still young.
+  const double horizon = kHorizon * static_cast<double>(std::max<uint64_t>(residence, 1));
+  while (held_ > 0) {
+    const End& e = ring_[static_cast<size_t>(oldest_)];
+    if (e.live && static_cast<double>(now - e.tick) <= horizon && held_ < kRemembered) break;
+    if (e.live) Forget(oldest_, false);
+    oldest_ = (oldest_ + 1) % kRemembered;
+    --held_;
+  }
+  const int32_t slot = (oldest_ + held_) % kRemembered;
+  ring_[static_cast<size_t>(slot)] = {key, now, true};
+  index_.Insert(key, slot);
+  ++held_;
+}
+
+bool ThrashGuard::Started(std::span<const BlockHash> hashes, int64_t hit_blocks, uint64_t now) {
+  const auto n = static_cast<int64_t>(hashes.size());
+  const int64_t stop = std::max<int64_t>(0, n - kLookBack);
+  constexpr int64_t kAhead = 8;
+  for (int64_t j = n - 1; j >= stop && j > n - 1 - kAhead; --j)
+    index_.Prefetch({hashes[static_cast<size_t>(j)], 0});
+  for (int64_t j = n - 1; j >= stop; --j) {
+    if (j - kAhead >= stop) index_.Prefetch({hashes[static_cast<size_t>(j - kAhead)], 0});
+    const int32_t slot = index_.Find({hashes[static_cast<size_t>(j)], 0});
+    if (slot < 0) continue;
+    Outcome(BinOf(static_cast<double>(now - ring_[static_cast<size_t>(slot)].tick)));
+    ++returns_;
+    Forget(slot, true);
+    return j < hit_blocks;
+  }
+  return false;
+}
+
+bool ThrashGuard::Keep(bool continued) {
+  return continued || share_ >= 1 || rng_.Unit() < share_;
+}
+
+void ThrashGuard::Tick(uint64_t residence) {
+  if (++since_choice_ < kChooseEvery) return;
+  since_choice_ = 0;
+  Choose(residence);
+}
+
+void ThrashGuard::Cumulate(Cdf& cdf) const {
+  double sum = 0;
+  for (int32_t b = 0; b <= kBins; ++b) {
+    cdf[static_cast<size_t>(b)] = sum;
+    sum += bins_[static_cast<size_t>(b)];
+  }
+}
+
+double ThrashGuard::Within(const Cdf& cdf, double age) const {
+  if (outcomes_ <= 0) return 0;
+  const auto top = static_cast<size_t>(BinOf(age));
+  // The bin the age falls in counts half: ages within a bin are not told apart.
+  return (cdf[top] + 0.5 * bins_[top]) / outcomes_;
+}
+
+double ThrashGuard::ExpectedWith(const Cdf& cdf, double p, double residence) const {
+  // The kept share q solves q = p / (1 - F(residence / q) * (1 - p)). The right side falls as q
+  // grows (a larger kept share holds each chain for less time), so there is one crossing:
+  // bisect, and stay on its side where the right side is at least q.
+  const auto kept = [&](double q) { return p / (1 - Within(cdf, residence / q) * (1 - p)); };
+  double lo = p, hi = 1;
+  for (int i = 0; i < 30 && hi - lo > 1e-6; ++i) {
+    const double mid = 0.5 * (lo + hi);
+    if (kept(mid) >= mid) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo * Within(cdf, residence / lo);
+}
+
+double ThrashGuard::ReturnedWithin(double age) const {
+  Cdf cdf;
+  Cumulate(cdf);
+  return Within(cdf, age);
+}
+
+double ThrashGuard::Expected(double p, double residence) const {
+  Cdf cdf;
+  Cumulate(cdf);
+  return ExpectedWith(cdf, p, residence);
+}
+
+void ThrashGuard::Choose(uint64_t residence) {
+  if (fixed_ || returns_ + forgotten_ < kMinOutcomes) return;
+  Cumulate(cdf_);
+  const auto c = static_cast<double>(std::max<uint64_t>(residence, 1));
+  const double current = ExpectedWith(cdf_, share_, c);
+  double best = share_, best_value = current;
+  for (double p : kShares) {
+    const double v = ExpectedWith(cdf_, p, c);
+    if (v > best_value) {
+      best = p;
+      best_value = v;
+    }
+  }
+  if (best_value > current * kHysteresis) share_ = best;
+}
+
+bool ThrashGuard::CheckInvariants() const {
+  int32_t live = 0;
+  for (int32_t slot = 0; slot < kRemembered; ++slot) {
+    const End& e = ring_[static_cast<size_t>(slot)];
+    if (!e.live) continue;
+    ++live;
+    if (index_.Find(e.key) != slot) return false;
+  }
+  return live == index_.size();
+}
+
+}  // namespace hkv::manager_internal
