@@ -197,8 +197,8 @@ Status KvCacheManager::Impl::Allocate(Request& r, int64_t num_new, const PrefixH
     // The thrash guard learns how long conversations take to come back; a hit reaching (within
     // one hit alignment) the end of the chain it continues keeps that chain's place.
     if (core.guard != nullptr) {
-      r.continued = core.guard->Started(r.hashes, (hit.tokens + core.align) / core.hash_tokens,
-                                        core.GuardNow());
+      const int64_t reach = hit.tokens > 0 ? (hit.tokens + core.align) / core.hash_tokens : 0;
+      r.continued = core.guard->Started(r.hashes, reach, core.GuardNow());
       core.stats.thrash_returns_seen = core.guard->returns_seen();
     }
     r.window_branch = window_branch;

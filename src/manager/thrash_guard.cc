@@ -32,13 +32,14 @@ void ThrashGuard::Forget(int32_t slot, bool returned) {
   End& e = ring_[static_cast<size_t>(slot)];
   index_.Erase(e.key);
   e.live = false;
-  if (!returned) {
+  if (!returned && !e.preempted) {
     ++forgotten_;
     Outcome(kBins);
   }
 }
 
-void ThrashGuard::Freed(const BlockHash& end, uint64_t now, uint64_t residence) {
+void ThrashGuard::Freed(const BlockHash& end, uint64_t now, uint64_t residence, bool preempted,
+                        bool continued) {
   const PrefixKey key{end, 0};
   // The same end freed again (a preempted request, an identical prompt): the newer tick stands.
   const int32_t present = index_.Find(key);
@@ -49,7 +50,8 @@ void ThrashGuard::Freed(const BlockHash& end, uint64_t now, uint64_t residence) 
   // Ends older than the horizon would only come back to a cache kept for a share below the
   // smallest candidate: they count as never, and their slots stop costing probes. The ring holds
   // ends in the order freed, so the walk stops at the first one still young.
-  const double horizon = kHorizon * static_cast<double>(std::max<uint64_t>(residence, 1));
+  horizon_residence_ = std::max(horizon_residence_, residence);
+  const double horizon = kHorizon * static_cast<double>(horizon_residence_);
   while (held_ > 0) {
     const End& e = ring_[static_cast<size_t>(oldest_)];
     if (e.live && static_cast<double>(now - e.tick) <= horizon && held_ < kRemembered) break;
@@ -58,7 +60,7 @@ void ThrashGuard::Freed(const BlockHash& end, uint64_t now, uint64_t residence) 
     --held_;
   }
   const int32_t slot = (oldest_ + held_) % kRemembered;
-  ring_[static_cast<size_t>(slot)] = {key, now, true};
+  ring_[static_cast<size_t>(slot)] = {key, now, true, preempted, continued};
   index_.Insert(key, slot);
   ++held_;
 }
@@ -73,7 +75,13 @@ bool ThrashGuard::Started(std::span<const BlockHash> hashes, int64_t hit_blocks,
     if (j - kAhead >= stop) index_.Prefetch({hashes[static_cast<size_t>(j - kAhead)], 0});
     const int32_t slot = index_.Find({hashes[static_cast<size_t>(j)], 0});
     if (slot < 0) continue;
-    Outcome(BinOf(static_cast<double>(now - ring_[static_cast<size_t>(slot)].tick)));
+    const End& e = ring_[static_cast<size_t>(slot)];
+    if (e.preempted) {
+      const bool continued = e.continued;
+      Forget(slot, true);
+      return continued;
+    }
+    Outcome(BinOf(static_cast<double>(now - e.tick)));
     ++returns_;
     Forget(slot, true);
     return j < hit_blocks;

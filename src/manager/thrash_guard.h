@@ -11,14 +11,19 @@
 // continues is kept again: its conversation has shown that it returns within that time.
 //
 // Contract:
-// - Freed(end, now) remembers a freed request's chain end (the digest of its last whole hash
+// - Ticks are the eviction clock's: one per cached block freed, kept or on probation, so ages do
+//   not depend on p.
+// - Freed(end, now, ...) remembers a freed request's chain end (the digest of its last whole hash
 //   block) with the clock's tick; up to kRemembered ends, forgotten oldest first, or once older
-//   than kHorizon residences.
+//   than kHorizon times the largest residence seen. A preempted request's end is remembered to
+//   hand its `continued` back when it resumes; it is no outcome either way.
 // - Started(hashes, hit_blocks, now) looks from a new request's last hash block back at most
 //   kLookBack blocks for the latest end it remembers: the conversation came back after
 //   now - tick ticks, whether the cache still held its blocks or not. That age goes into a
 //   histogram (halved every kWindow outcomes so that it follows the workload); an end forgotten
-//   without coming back counts as never. Returns whether the hit reached that end.
+//   without coming back counts as never. Returns whether the hit reached that end (hit_blocks:
+//   the hash blocks it covers; 0 for no hit), or, for a resumed preempted request, what its
+//   first start returned.
 // - Keep(continued) says whether a request freed now keeps its place: always when it continued
 //   a kept chain (Started said so), else with probability p (a fixed-seed generator, so replays
 //   repeat).
@@ -56,7 +61,10 @@ class ThrashGuard {
   // fixed_share in (0, 1]: that share always (Choose changes nothing); 0: learned.
   explicit ThrashGuard(double fixed_share = 0);
 
-  void Freed(const BlockHash& end, uint64_t now, uint64_t residence);
+  // `preempted`: the request comes back to resume, not as a new turn; its return is no outcome,
+  // and Started hands back `continued`, what its first start found.
+  void Freed(const BlockHash& end, uint64_t now, uint64_t residence, bool preempted = false,
+             bool continued = false);
   bool Started(std::span<const BlockHash> hashes, int64_t hit_blocks, uint64_t now);
   bool Keep(bool continued);
   // Called once per free; picks p again every kChooseEvery calls.
@@ -90,6 +98,7 @@ class ThrashGuard {
     PrefixKey key;
     uint64_t tick = 0;
     bool live = false;
+    bool preempted = false, continued = false;
   };
   // Ends in the order freed: held_ slots from oldest_ on (some no longer live: they came back).
   std::vector<End> ring_;
@@ -100,6 +109,7 @@ class ThrashGuard {
   double outcomes_ = 0;
   int64_t returns_ = 0, forgotten_ = 0;
   int32_t since_choice_ = 0;
+  uint64_t horizon_residence_ = 1;  // the largest residence seen: warm-up does not shorten it
   double share_ = 1.0;
   bool fixed_ = false;
   SplitMix64 rng_{0x7e5a11ce};

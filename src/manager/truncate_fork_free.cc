@@ -137,8 +137,10 @@ void KvCacheManager::Impl::GuardFree(Request& r, FreeReason reason) {
     r.retention = Retention::kProbation;
     ++core.stats.thrash_probation_frees;
   }
-  guard.Freed(r.hashes[static_cast<size_t>(ends - 1)], core.GuardNow(), residence);
-  guard.Tick(residence);
+  const bool preempted = reason == FreeReason::kPreempted;
+  guard.Freed(r.hashes[static_cast<size_t>(ends - 1)], core.GuardNow(), residence, preempted,
+              r.continued);
+  if (!preempted) guard.Tick(residence);
   core.stats.thrash_keep_share = guard.keep_share();
 }
 

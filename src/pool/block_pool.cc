@@ -568,7 +568,11 @@ Status BlockPool::Free(std::span<const int32_t> blocks, Retention retention) {
       }
     }
     for (int32_t b : scratch_) {
-      if (has_key_[static_cast<size_t>(b)]) InsertAfterHeadRun(b);
+      if (!has_key_[static_cast<size_t>(b)]) continue;
+      // The clock counts every cached block freed, kept or not: ages measured on it (the thrash
+      // guard's) must not slow down when fewer blocks are kept.
+      ++*clock_;
+      InsertAfterHeadRun(b);
     }
     for (auto it = scratch_.rbegin(); it != scratch_.rend(); ++it) {
       if (!has_key_[static_cast<size_t>(*it)]) Prepend(*it);

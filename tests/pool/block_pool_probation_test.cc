@@ -28,8 +28,11 @@ TEST(BlockPoolProbation, QueuesAheadOfNormalBlocksInTheOrderListed) {
   ASSERT_TRUE(p.Free(std::vector<int32_t>{1, 2}).ok());
   ASSERT_TRUE(p.Free(std::vector<int32_t>{6}, Retention::kLow).ok());
   EXPECT_EQ(p.num_queued_cached(), 2);
-  // A request's blocks, tail first: the tail is evicted first, as it would be at the tail.
+  // A request's blocks, tail first: the tail is evicted first, as it would be at the tail. Each
+  // cached block freed advances the clock, on probation as at the tail.
+  const uint64_t clock = p.clock();
   ASSERT_TRUE(p.Free(std::vector<int32_t>{5, 4, 3}, Retention::kProbation).ok());
+  EXPECT_EQ(p.clock(), clock + 3);
   ExpectValid(p);
   EXPECT_EQ(p.FreeListOrder(), (std::vector<int32_t>{6, 7, 5, 4, 3, 1, 2}));
   EXPECT_EQ(p.num_free_cached(), 5);

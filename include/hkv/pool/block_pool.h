@@ -133,6 +133,7 @@ class BlockPool {
   // become free as if freed to the tail and demoted at once (Demote), in the order listed, so
   // blocks freed together leave in the order they would have at the tail; blocks without
   // identity go to the head, and blocks a branch bonus keeps (share level >= 2) to the tail.
+  // Each cached block put on probation advances the eviction clock as a free to the tail does.
   Status Free(std::span<const int32_t> blocks, Retention retention = Retention::kNormal);
   // Moves a free block ahead of every block freed to the tail, behind those freed to the head
   // (blocks worth nothing are still reused first), keeping its prefix identity: it still serves
@@ -185,7 +186,7 @@ class BlockPool {
   // Those of them queued at the tail (not freed to the head, demoted or on probation): the part of
   // the cache that recency alone orders. O(1).
   int32_t num_queued_cached() const { return num_queued_cached_; }
-  // The eviction clock: the ticks handed out so far (one per block freed to the tail).
+  // The eviction clock: one tick per cached block freed to the tail or on probation.
   uint64_t clock() const { return *clock_; }
   // The tick a free block was queued with (0 for blocks queued at the head).
   uint64_t free_tick(int32_t block) const { return tick_[static_cast<size_t>(block)]; }
