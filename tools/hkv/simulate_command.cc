@@ -257,6 +257,7 @@ bool SimulateRun(const Inputs& in, const SimulateArgs& args, Run& run, std::ostr
     if (args.branch_memory >= 0) allocator->config.branch_memory_entries = args.branch_memory;
     if (args.branch_bonus >= 0) allocator->config.branch_bonus = args.branch_bonus;
     if (!args.thrash_guard.empty()) allocator->config.thrash_guard = args.thrash_guard == "on";
+    if (args.thrash_keep_share >= 0) allocator->config.thrash_keep_share = args.thrash_keep_share;
     run.block_tokens = allocator->block_tokens;
     run.state_page_bytes = allocator->state_page_bytes;
     run.pool_block_bytes = allocator->pool_block_bytes;
@@ -426,6 +427,11 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
                   "on probation (ManagerConfig::thrash_guard; default on in uniform and "
                   "hybridkv, off in padded)")
       ->check(CLI::IsMember({"on", "off"}));
+  cmd->add_option("--thrash-keep-share", args.thrash_keep_share,
+                  "hkv modes with the thrash guard on: keep this fixed share of finished "
+                  "requests' chains instead of the learned one (ManagerConfig::thrash_keep_share; "
+                  "0: learned)")
+      ->check(CLI::Range(0.0, 1.0));
   cmd->add_flag("--oracle", args.oracle,
                 "also replay an `oracle` run: hybridkv's layout evicting Belady-style by the "
                 "trace's future (the next request that needs a prefix), and show every run's hit "

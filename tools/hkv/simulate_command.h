@@ -44,6 +44,7 @@ struct SimulateArgs {
   int32_t branch_memory = -1;       // hkv modes: branch_memory_entries; -1: the mode's
   double branch_bonus = -1;         // hkv modes: ManagerConfig::branch_bonus; -1: the mode's
   std::string thrash_guard;  // hkv modes: "on"/"off" (ManagerConfig::thrash_guard); "": the mode's
+  double thrash_keep_share = -1;     // hkv modes: ManagerConfig::thrash_keep_share; -1: the mode's
   std::string vllm_policy = "vllm";  // vllm mode: vLLM's eviction order, or "hybridkv"
   bool oracle = false;  // also an `oracle` run (ReplayOptions::oracle), and fractions of it
   bool json = false;
