@@ -299,6 +299,12 @@ TEST_F(SimulateCommandTest, ThrashGuard) {
   EXPECT_EQ(stat(plain, "thrash_keep_share"), 1);
   EXPECT_EQ(stat(plain, "thrash_probation_frees"), 0);
   EXPECT_GT(guarded["hit_rate"].get<double>(), plain["hit_rate"].get<double>());
+  // A fixed share stays where it was put.
+  args_.thrash_guard = "on";
+  args_.thrash_keep_share = 0.125;
+  const nlohmann::json fixed = FirstRun();
+  EXPECT_EQ(stat(fixed, "thrash_keep_share"), 0.125);
+  EXPECT_GT(stat(fixed, "thrash_probation_frees"), stat(guarded, "thrash_probation_frees"));
 }
 
 TEST_F(SimulateCommandTest, TableCsvAndPlot) {
