@@ -94,9 +94,13 @@ bool ThrashGuard::Keep(bool continued) {
 }
 
 void ThrashGuard::Tick(uint64_t residence) {
+  // A chain lives through many frees: what keeps it is the residence over that time, not at one
+  // moment (with many requests running it swings by several times as they come and go).
+  const auto r = static_cast<double>(residence);
+  smoothed_ = smoothed_ < 0 ? r : smoothed_ + (r - smoothed_) * kSmoothing;
   if (++since_choice_ < kChooseEvery) return;
   since_choice_ = 0;
-  Choose(residence);
+  Choose(static_cast<uint64_t>(smoothed_));
 }
 
 void ThrashGuard::Cumulate(Cdf& cdf) const {
@@ -115,10 +119,12 @@ double ThrashGuard::Within(const Cdf& cdf, double age) const {
 }
 
 double ThrashGuard::ExpectedWith(const Cdf& cdf, double p, double residence) const {
-  // The kept share q solves q = p / (1 - F(residence / q) * (1 - p)). The right side falls as q
-  // grows (a larger kept share holds each chain for less time), so there is one crossing:
-  // bisect, and stay on its side where the right side is at least q.
-  const auto kept = [&](double q) { return p / (1 - Within(cdf, residence / q) * (1 - p)); };
+  // The kept share q solves q = p / (1 - F(R(q)) * (1 - p)). The right side falls as q grows (a
+  // larger kept share holds each chain for less time), so there is one crossing: bisect, and
+  // stay on its side where the right side is at least q.
+  const auto kept = [&](double q) {
+    return p / (1 - Within(cdf, Lifetime(residence, q)) * (1 - p));
+  };
   double lo = p, hi = 1;
   for (int i = 0; i < 30 && hi - lo > 1e-6; ++i) {
     const double mid = 0.5 * (lo + hi);
@@ -128,7 +134,31 @@ double ThrashGuard::ExpectedWith(const Cdf& cdf, double p, double residence) con
       hi = mid;
     }
   }
-  return lo * Within(cdf, residence / lo);
+  return lo * Within(cdf, Lifetime(residence, lo));
+}
+
+double ThrashGuard::Lifetime(double residence, double q) const {
+  // The queue of kept blocks drains as fast as kept blocks are freed: the ends of kept chains (a
+  // share q of what finished requests free) and everything freed otherwise (window blocks left
+  // behind, states superseded, preempted requests: a share `churn` of the ticks), which no
+  // probation shortens.
+  const double total = churn_ticks_ + end_ticks_;
+  const double churn = total > 0 ? churn_ticks_ / total : 0;
+  return residence / (churn + (1 - churn) * q);
+}
+
+void ThrashGuard::Freeing(uint64_t now) {
+  churn_ticks_ += static_cast<double>(now - last_free_);
+  freeing_ = now;
+}
+
+void ThrashGuard::Released(uint64_t now, bool finished) {
+  (finished ? end_ticks_ : churn_ticks_) += static_cast<double>(now - freeing_);
+  last_free_ = now;
+  if (churn_ticks_ + end_ticks_ > kTickWindow) {
+    churn_ticks_ *= 0.5;
+    end_ticks_ *= 0.5;
+  }
 }
 
 double ThrashGuard::ReturnedWithin(double age) const {
@@ -147,16 +177,25 @@ void ThrashGuard::Choose(uint64_t residence) {
   if (fixed_ || returns_ + forgotten_ < kMinOutcomes) return;
   Cumulate(cdf_);
   const auto c = static_cast<double>(std::max<uint64_t>(residence, 1));
-  const double current = ExpectedWith(cdf_, share_, c);
-  double best = share_, best_value = current;
+  // Recency also hits the prefixes of chains it evicted from the tail, which the model does not
+  // count: it must lose by kMargin, and by kMinGain of all requests, before a share below 1
+  // replaces it. (Under overload the residence is a few requests' blocks, every estimate is near
+  // 0, and their ratio means nothing.)
+  const double recency = ExpectedWith(cdf_, 1.0, c);
+  double best = 1.0, best_value = recency;
   for (double p : kShares) {
+    if (p >= 1) continue;
     const double v = ExpectedWith(cdf_, p, c);
-    if (v > best_value) {
+    if (v > best_value && v > recency * kMargin && v > recency + kMinGain) {
       best = p;
       best_value = v;
     }
   }
-  if (best_value > current * kHysteresis) share_ = best;
+  const double current = ExpectedWith(cdf_, share_, c);
+  if (best == 1.0 || best_value > current * kHysteresis || current <= recency * kMargin ||
+      current <= recency + kMinGain) {
+    share_ = best;
+  }
 }
 
 bool ThrashGuard::CheckInvariants() const {

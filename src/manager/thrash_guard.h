@@ -27,11 +27,16 @@
 // - Keep(continued) says whether a request freed now keeps its place: always when it continued
 //   a kept chain (Started said so), else with probability p (a fixed-seed generator, so replays
 //   repeat).
-// - Every kChooseEvery frees, Choose(residence) sets p to the candidate that maximises the
-//   share of requests expected to hit the chain they continue, q * F(residence / q), where F is
-//   the measured distribution of return ages and q solves q = p + (1 - p) * q * F (kept: the
-//   share p drawn, plus those that came back while kept). p = 1 is least recently freed first.
-//   It moves only for a gain of more than kHysteresis, and not before kMinOutcomes outcomes.
+// - Every kChooseEvery frees (Tick), p is chosen again: the candidate that maximises the share
+//   of requests expected to hit the chain they continue, q * F(L(q)), where F is the measured
+//   distribution of return ages, q solves q = p + (1 - p) * q * F (kept: the share p drawn, plus
+//   those that came back while kept), and L(q) = residence / (c + (1 - c) * q) is how long a kept
+//   chain lives: the residence averaged over frees, stretched by what probation takes off the
+//   kept queue, c being the share of ticks freed otherwise than by finished requests (Freeing /
+//   Released bracket each release). p = 1 is least recently freed first, which a share below 1
+//   replaces only when it wins by kMargin and by kMinGain of all requests (recency's hits on the
+//   prefixes of chains it evicted from the tail are not in the model); between shares below 1 p
+//   moves for a gain above kHysteresis; nothing before kMinOutcomes outcomes.
 // Allocates only in its constructor.
 #pragma once
 
@@ -55,6 +60,10 @@ class ThrashGuard {
   static constexpr int32_t kChooseEvery = 32;
   static constexpr int32_t kMinOutcomes = 64;
   static constexpr double kHysteresis = 1.02;
+  static constexpr double kMargin = 1.25;
+  static constexpr double kMinGain = 0.05;
+  static constexpr double kSmoothing = 1.0 / 64;
+  static constexpr double kTickWindow = 1 << 22;
   static constexpr std::array<double, 8> kShares = {1.0,     1.0 / 2, 1.0 / 3,  1.0 / 4,
                                                     1.0 / 6, 1.0 / 8, 1.0 / 12, 1.0 / 16};
 
@@ -67,6 +76,11 @@ class ThrashGuard {
              bool continued = false);
   bool Started(std::span<const BlockHash> hashes, int64_t hit_blocks, uint64_t now);
   bool Keep(bool continued);
+  // Brackets a request's release: Freeing before its blocks go back, Released after, with the
+  // clock then. What the clock gained in between is the request's own ticks (`finished`: subject
+  // to probation; a preempted request's are not); what it gained since the last release is churn.
+  void Freeing(uint64_t now);
+  void Released(uint64_t now, bool finished);
   // Called once per free; picks p again every kChooseEvery calls.
   void Tick(uint64_t residence);
   void Choose(uint64_t residence);
@@ -75,6 +89,9 @@ class ThrashGuard {
   // The expected share of requests hitting the chain they continue, with keep share p, for a
   // cache of `residence` ticks (Choose's objective; exposed for tests and docs).
   double Expected(double p, double residence) const;
+  // How long a kept chain lives, in ticks, when a share q of finished chains is kept and the
+  // cache queues `residence` blocks by recency.
+  double Lifetime(double residence, double q) const;
   // The measured share of chain ends that came back within `age` ticks.
   double ReturnedWithin(double age) const;
   int64_t returns_seen() const { return returns_; }
@@ -111,6 +128,10 @@ class ThrashGuard {
   int32_t since_choice_ = 0;
   uint64_t horizon_residence_ = 1;  // the largest residence seen: warm-up does not shorten it
   double share_ = 1.0;
+  double smoothed_ = -1;  // the residence, averaged over frees (Tick)
+  // Ticks of finished requests' own releases and of everything else, halved past kTickWindow.
+  double churn_ticks_ = 0, end_ticks_ = 0;
+  uint64_t last_free_ = 0, freeing_ = 0;
   bool fixed_ = false;
   SplitMix64 rng_{0x7e5a11ce};
 };

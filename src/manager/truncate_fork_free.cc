@@ -113,10 +113,12 @@ void KvCacheManager::Impl::FreeRequest(Request& r, FreeReason reason) {
       g->WithdrawAhead(r, r.computed);
   }
   const Retention retention = r.retention;
-  if (core.guard != nullptr && r.started) GuardFree(r, reason);
+  const bool guarded = core.guard != nullptr && r.started;
+  if (guarded) GuardFree(r, reason);
   if (config.coherent_eviction) ReleaseTokenBlocksCoherently(r);
   for (const auto& g : groups)
     g->Free(r);
+  if (guarded) core.guard->Released(core.GuardNow(), reason == FreeReason::kFinished);
   r.retention = retention;
   r.tokens.clear();
   r.hashes.clear();
@@ -128,9 +130,10 @@ void KvCacheManager::Impl::FreeRequest(Request& r, FreeReason reason) {
 void KvCacheManager::Impl::GuardFree(Request& r, FreeReason reason) {
   // The chain end is the last hash block the request computed: the next turn's prompt holds it,
   // and only computed blocks can have been cached for that turn to hit.
+  manager_internal::ThrashGuard& guard = *core.guard;
+  guard.Freeing(core.GuardNow());
   const int64_t ends = std::min(r.computed, r.known()) / core.hash_tokens;
   if (ends <= 0) return;
-  manager_internal::ThrashGuard& guard = *core.guard;
   const uint64_t residence = core.GuardResidence();
   if (reason == FreeReason::kFinished && r.retention == Retention::kNormal &&
       !guard.Keep(r.continued)) {
