@@ -58,7 +58,7 @@ class ThrashGuard {
   static constexpr double kHorizon = 16;
   static constexpr int32_t kWindow = 4096;
   static constexpr int32_t kChooseEvery = 32;
-  static constexpr int32_t kMinOutcomes = 64;
+  static constexpr int32_t kMinOutcomes = 256;
   static constexpr double kHysteresis = 1.02;
   static constexpr double kMargin = 1.25;
   static constexpr double kMinGain = 0.05;

@@ -50,7 +50,7 @@ TEST(ThrashGuard, KeepsRecencyWhenConversationsComeBackWithinTheCache) {
 TEST(ThrashGuard, KeepsAShareWhenConversationsOutlastTheCache) {
   ThrashGuard g;
   // Every chain comes back 4000 ticks later; recency holds one for 1000: it keeps none.
-  Train(g, 600, 10, 4000, 1000);
+  Train(g, 1200, 10, 4000, 1000);
   EXPECT_NEAR(g.ReturnedWithin(1000), 0.0, 1e-9);
   EXPECT_NEAR(g.Expected(1.0, 1000), 0.0, 1e-9);
   EXPECT_LT(g.keep_share(), 1.0);

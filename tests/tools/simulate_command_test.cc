@@ -275,12 +275,12 @@ TEST_F(SimulateCommandTest, BranchBonus) {
   EXPECT_NE(shared["scheduled_tokens"].get<int64_t>(), plain["scheduled_tokens"].get<int64_t>());
 }
 
-// One request at a time on a cache that holds a few conversations: recency evicts each before
-// its next turn, the guard learns it and keeps a share, and more follow-ups hit. Off, it neither
-// measures nor acts.
+// Bamba one request at a time in 2 GiB, which holds a few conversations: recency evicts each
+// before its next turn, the guard learns it and keeps a share, and more follow-ups hit (0.333
+// against 0.281). Off, it neither measures nor acts.
 TEST_F(SimulateCommandTest, ThrashGuard) {
-  WriteTrace(400);
-  args_.config = std::string(HKV_MODELS_DIR) + "/meta-llama--Llama-3.1-8B";
+  WriteTrace(800);
+  args_.config = std::string(HKV_MODELS_DIR) + "/ibm-ai-platform--Bamba-9B";
   args_.memory = "2GiB";
   args_.max_running = 1;
   args_.budget = 16384;
