@@ -71,6 +71,11 @@ Status KvCacheManager::Impl::CheckInvariants() const {
     }
   }
   HKV_RETURN_IF_ERROR(core.CheckCoverage());
+  if (core.guard != nullptr && !core.guard->CheckInvariants()) {
+    return Status::FailedPrecondition(
+        "invariant: thrash guard: a remembered chain end is not indexed at its ring slot, or the "
+        "index names an end the ring does not hold");
+  }
   if (core.arena.num_slabs() > 0) {
     Status s = core.arena.CheckInvariants(pools);
     if (!s.ok()) return Status::FailedPrecondition(fmt::format("invariant: {}", s.message()));

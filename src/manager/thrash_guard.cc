@@ -199,8 +199,11 @@ void ThrashGuard::Choose(uint64_t residence) {
 }
 
 bool ThrashGuard::CheckInvariants() const {
+  if (held_ < 0 || held_ > kRemembered || oldest_ < 0 || oldest_ >= kRemembered) return false;
+  // Every end the index names lies in the ring's held window and is indexed at its own slot.
   int32_t live = 0;
-  for (int32_t slot = 0; slot < kRemembered; ++slot) {
+  for (int32_t n = 0; n < held_; ++n) {
+    const int32_t slot = (oldest_ + n) % kRemembered;
     const End& e = ring_[static_cast<size_t>(slot)];
     if (!e.live) continue;
     ++live;

@@ -96,7 +96,8 @@ class ThrashGuard {
   double ReturnedWithin(double age) const;
   int64_t returns_seen() const { return returns_; }
   int64_t ends_forgotten() const { return forgotten_; }
-  // Every remembered end is indexed once, in the ring's order.
+  // Every remembered end is indexed once, at its slot in the ring's held window, and the index
+  // holds nothing else. O(ends held).
   bool CheckInvariants() const;
 
  private:

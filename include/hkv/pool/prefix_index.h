@@ -7,7 +7,8 @@
 // reserves as it gains slabs, so its table is sized for the pages it has owned, not for every
 // slab it could own — a table twice as large costs cache misses on every probe). Keys are
 // unique: Insert of a present key is a programming error; Emplace checks and inserts with one
-// probe. Private to the pool part, exposed for its tests.
+// probe. Used by the pool part, and by the manager's thrash guard for the chain ends it
+// remembers.
 #pragma once
 
 #include <cstdint>
