@@ -95,7 +95,8 @@ Result<KvCacheManager> KvCacheManager::Create(const ManagerConfig& config) {
           core.pools[static_cast<size_t>(core.guard_pool)].num_blocks())
         core.guard_pool = static_cast<int32_t>(p);
     }
-    core.guard = std::make_unique<manager_internal::ThrashGuard>(config.thrash_keep_share);
+    core.guard =
+        std::make_unique<manager_internal::ThrashGuard>(config.thrash_keep_share, core.hash_tokens);
     core.stats.thrash_keep_share = core.guard->keep_share();
   }
   core.StartCoverage();

@@ -5,8 +5,9 @@
 
 namespace hkv::manager_internal {
 
-ThrashGuard::ThrashGuard(double fixed_share)
-    : ring_(kRemembered),
+ThrashGuard::ThrashGuard(double fixed_share, int32_t hash_tokens)
+    : look_back_(std::max<int64_t>(1, kLookBackTokens / std::max<int32_t>(1, hash_tokens))),
+      ring_(kRemembered),
       index_(kRemembered),
       share_(fixed_share > 0 ? fixed_share : 1.0),
       fixed_(fixed_share > 0) {}
@@ -67,7 +68,7 @@ void ThrashGuard::Freed(const BlockHash& end, uint64_t now, uint64_t residence, 
 
 bool ThrashGuard::Started(std::span<const BlockHash> hashes, int64_t hit_blocks, uint64_t now) {
   const auto n = static_cast<int64_t>(hashes.size());
-  const int64_t stop = std::max<int64_t>(0, n - kLookBack);
+  const int64_t stop = std::max<int64_t>(0, n - look_back_);
   constexpr int64_t kAhead = 8;
   for (int64_t j = n - 1; j >= stop && j > n - 1 - kAhead; --j)
     index_.Prefetch({hashes[static_cast<size_t>(j)], 0});

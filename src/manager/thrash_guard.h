@@ -17,8 +17,9 @@
 //   block) with the clock's tick; up to kRemembered ends, forgotten oldest first, or once older
 //   than kHorizon times the largest residence seen. A preempted request's end is remembered to
 //   hand its `continued` back when it resumes; it is no outcome either way.
-// - Started(hashes, hit_blocks, now) looks from a new request's last hash block back at most
-//   kLookBack blocks for the latest end it remembers: the conversation came back after
+// - Started(hashes, hit_blocks, now) looks from a new request's last hash block back over at
+//   most kLookBackTokens tokens (a follow-up message's length; in hash blocks of the size given
+//   to the constructor) for the latest end it remembers: the conversation came back after
 //   now - tick ticks, whether the cache still held its blocks or not. That age goes into a
 //   histogram (halved every kWindow outcomes so that it follows the workload); an end forgotten
 //   without coming back counts as never. Returns whether the hit reached that end (hit_blocks:
@@ -54,7 +55,7 @@ namespace hkv::manager_internal {
 class ThrashGuard {
  public:
   static constexpr int32_t kRemembered = 4096;
-  static constexpr int32_t kLookBack = 128;
+  static constexpr int32_t kLookBackTokens = 2048;
   static constexpr double kHorizon = 16;
   static constexpr int32_t kWindow = 4096;
   static constexpr int32_t kChooseEvery = 32;
@@ -68,7 +69,9 @@ class ThrashGuard {
                                                     1.0 / 6, 1.0 / 8, 1.0 / 12, 1.0 / 16};
 
   // fixed_share in (0, 1]: that share always (Choose changes nothing); 0: learned.
-  explicit ThrashGuard(double fixed_share = 0);
+  // `hash_tokens`: tokens per hash block, so that Started looks back kLookBackTokens tokens
+  // whatever the block size.
+  explicit ThrashGuard(double fixed_share = 0, int32_t hash_tokens = 16);
 
   // `preempted`: the request comes back to resume, not as a new turn; its return is no outcome,
   // and Started hands back `continued`, what its first start found.
@@ -119,6 +122,7 @@ class ThrashGuard {
     bool preempted = false, continued = false;
   };
   // Ends in the order freed: held_ slots from oldest_ on (some no longer live: they came back).
+  int64_t look_back_;  // hash blocks Started looks back: kLookBackTokens of them
   std::vector<End> ring_;
   int32_t oldest_ = 0, held_ = 0;
   PrefixIndex index_;                     // end -> ring slot

@@ -107,6 +107,31 @@ TEST(ThrashGuard, FindsTheLatestEndAPromptContinues) {
   EXPECT_TRUE(g.CheckInvariants());
 }
 
+// The look-back is in tokens: a follow-up message of 1500 tokens is 94 blocks of 16 tokens but
+// 1500 blocks of one token, and the end it continues must be found at either block size.
+TEST(ThrashGuard, LooksBackTheSameTokensWhateverTheBlockSize) {
+  for (const int32_t hash_tokens : {1, 4, 16}) {
+    SCOPED_TRACE(hash_tokens);
+    const int64_t message = 1500 / hash_tokens;  // hash blocks of the new message
+    const int64_t limit = ThrashGuard::kLookBackTokens / hash_tokens;
+    std::vector<BlockHash> prompt;
+    for (uint64_t i = 0; i < static_cast<uint64_t>(message + limit + 10); ++i)
+      prompt.push_back(H(1000 + i));
+    const size_t n = prompt.size();
+    ThrashGuard g(0, hash_tokens);
+    g.Freed(prompt[n - 1 - static_cast<size_t>(message)], 10, 1000);
+    EXPECT_FALSE(g.Started(prompt, 0, 20));
+    EXPECT_EQ(g.returns_seen(), 1);
+    // One block past the look-back is not searched.
+    ThrashGuard far(0, hash_tokens);
+    far.Freed(prompt[n - 1 - static_cast<size_t>(limit)], 10, 1000);
+    EXPECT_FALSE(far.Started(prompt, 0, 20));
+    EXPECT_EQ(far.returns_seen(), 0);
+    EXPECT_TRUE(g.CheckInvariants());
+    EXPECT_TRUE(far.CheckInvariants());
+  }
+}
+
 TEST(ThrashGuard, EndsPastTheHorizonCountAsNever) {
   ThrashGuard g;
   const BlockHash a = H(1), b = H(2);

@@ -307,6 +307,46 @@ TEST_F(SimulateCommandTest, ThrashGuard) {
   EXPECT_GT(stat(fixed, "thrash_probation_frees"), stat(guarded, "thrash_probation_frees"));
 }
 
+// The guard finds the conversations a prompt continues as well at 1-token blocks as at 16: its
+// look-back is in tokens (a follow-up message is up to 1500 of them).
+TEST_F(SimulateCommandTest, ThrashGuardAtOneTokenBlocks) {
+  WriteTrace(800);
+  args_.config = std::string(HKV_MODELS_DIR) + "/ibm-ai-platform--Bamba-9B";
+  args_.memory = "2GiB";
+  args_.max_running = 1;
+  args_.budget = 16384;
+  args_.allocator = "hybridkv";
+  args_.json = true;
+  const nlohmann::json sixteen = FirstRun();
+  args_.block_tokens = 1;
+  const nlohmann::json one = FirstRun();
+  const double seen16 = sixteen["manager"]["thrash_returns_seen"].get<double>();
+  const double seen1 = one["manager"]["thrash_returns_seen"].get<double>();
+  EXPECT_GT(seen16, 100);
+  EXPECT_GE(seen1, 0.95 * seen16);
+  EXPECT_LT(one["manager"]["thrash_keep_share"].get<double>(), 1);
+}
+
+// Interval checkpoints (--checkpoint-interval, with room for them in a step's chunk): the second
+// request of a system prompt finds a state at the last interval before the prompt's branch
+// instead of computing the whole prompt again.
+TEST_F(SimulateCommandTest, CheckpointInterval) {
+  WriteTrace(100);
+  args_.config = std::string(HKV_MODELS_DIR) + "/ibm-ai-platform--Bamba-9B";
+  args_.memory = "16GiB";
+  args_.max_running = 1;
+  args_.budget = 16384;
+  args_.allocator = "hybridkv";
+  args_.json = true;
+  args_.max_state_splits = 64;
+  const nlohmann::json none = FirstRun();
+  args_.checkpoint_interval = 250;  // rounded up to 256, a multiple of the 16-token blocks
+  const nlohmann::json every = FirstRun();
+  EXPECT_GT(every["hit_rate"].get<double>(), none["hit_rate"].get<double>() + 0.005);
+  EXPECT_LE(none["state_splits"]["max_request"].get<int64_t>(), 2);
+  EXPECT_GT(every["state_splits"]["max_request"].get<int64_t>(), 8);
+}
+
 TEST_F(SimulateCommandTest, TableCsvAndPlot) {
   args_.csv_dir = (dir_ / "csv").string();
   args_.plot = (dir_ / "modes.png").string();

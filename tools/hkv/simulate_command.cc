@@ -250,6 +250,9 @@ bool SimulateRun(const Inputs& in, const SimulateArgs& args, Run& run, std::ostr
     allocator->config.max_state_splits = args.max_state_splits;
     allocator->config.evict_uncovered = !args.no_coverage;
     allocator->config.prompt_checkpoints = args.prompt_checkpoints;
+    if (args.checkpoint_interval > 0) {
+      allocator->config.checkpoint_interval = allocator->config.AlignUp(args.checkpoint_interval);
+    }
     if (args.rolling_stride >= 0) {
       allocator->config.rolling_stride_after_give_back =
           allocator->config.AlignUp(args.rolling_stride);
@@ -404,6 +407,12 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
                 "hkv modes on recurrent hybrids: also checkpoint every prompt's end (what an "
                 "identical prompt would hit; ManagerConfig::prompt_checkpoints); by default "
                 "states are admitted only where prefixes branch and where requests end");
+  cmd->add_option("--checkpoint-interval", args.checkpoint_interval,
+                  "hkv modes on recurrent hybrids: also checkpoint the state every this many "
+                  "tokens of a request (rounded up to the mode's hit alignment), so that a prefix "
+                  "other requests branch from later is hit up to the last one before the branch "
+                  "(ManagerConfig::checkpoint_interval; 0: none, the default)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 24));
   cmd->add_option("--rolling-stride", args.rolling_stride,
                   "hkv modes on recurrent hybrids: once a request gave its rolling state back "
                   "under pressure, keep its next ones only every this many tokens (rounded up to "

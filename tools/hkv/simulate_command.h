@@ -40,6 +40,7 @@ struct SimulateArgs {
   bool publish_at_commit = false;   // hkv modes: ManagerConfig::publish_at_allocate off
   bool no_coverage = false;         // hkv modes: ManagerConfig::evict_uncovered off
   bool prompt_checkpoints = false;  // hkv modes: ManagerConfig::prompt_checkpoints on
+  int64_t checkpoint_interval = 0;  // hkv modes: ManagerConfig::checkpoint_interval (aligned up)
   int64_t rolling_stride = -1;      // hkv modes: rolling_stride_after_give_back; -1: the mode's
   int32_t branch_memory = -1;       // hkv modes: branch_memory_entries; -1: the mode's
   double branch_bonus = -1;         // hkv modes: ManagerConfig::branch_bonus; -1: the mode's
