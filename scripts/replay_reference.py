@@ -15,11 +15,14 @@ Block pool model (what the C++ manager does for one full-attention group):
   * Releasing a request: its blocks in reverse order (last first). A block whose count drops to
     0 goes to the front of the free list if it has no identity (so the request's last such
     block is first), to the back otherwise.
-  * Publishing: after a step, each full computed block gets the identity of its prefix, unless
-    another block already holds that identity (then it stays without one, and is never retried).
-    With --publish-at-allocate (hkv simulate's default; --publish-at-commit turns it off there),
-    each full block of known tokens a request's chunk completes is published when the chunk is
-    scheduled, so a request admitted later in the same step hits it, as vLLM caches blocks.
+  * Publishing: after a step, each full computed block gets the identity of its prefix. If
+    another block already holds that identity: while that block is held, this one stays without
+    one (and is never retried); if it is free, the identity moves to this block and the old one
+    goes to the front of the free list. With --publish-at-allocate (hkv simulate's default;
+    --publish-at-commit turns it off there), each full block of known tokens a request's chunk
+    completes is published when the chunk is scheduled, so a request admitted later in the same
+    step hits it, as vLLM caches blocks; such a block takes an identity from a free one only at
+    the step's commit, once it is computed.
   * A step where nothing runs and the head of `waiting` still cannot be admitted is an error: with
     every block free it never will be (hkv simulate stops there too; replay.md is silent).
 
@@ -69,10 +72,19 @@ class Pool:
             self.free[b] = None
             self.free.move_to_end(b, last=False)
 
-    def publish(self, b, identity):
-        if self.ident[b] is None and identity not in self.index:
-            self.ident[b] = identity
-            self.index[identity] = b
+    def publish(self, b, identity, take_over=True):
+        if self.ident[b] is not None:
+            return
+        old = self.index.get(identity)
+        if old is not None:
+            if self.ref[old] > 0 or not take_over:  # this copy stays private
+                return
+            # A free copy would be evicted before this one is freed: the identity moves to this
+            # one, and the old copy, caching nothing now, goes to the front.
+            self.ident[old] = None
+            self.free.move_to_end(old, last=False)
+        self.ident[b] = identity
+        self.index[identity] = b
 
 
 class Req:
@@ -83,6 +95,7 @@ class Req:
         self.computed = 0
         self.table = []
         self.published = 0  # leading blocks already considered for publishing
+        self.ahead = 0  # blocks published at Allocate in the open step start here
         self.chain = []  # identities of the full blocks of self.tokens
         self.admitted = False
 
@@ -125,17 +138,18 @@ def main():
     tot = collections.Counter()
     nxt, s = 0, 0
 
-    def publish_through(r, end):  # every full block below `end` not yet published
+    def publish_through(r, end, take_over=True):  # every full block below `end` not yet published
         ids = chain(r)
         full = end // bs
         for j in range(r.published, full):
-            pool.publish(r.table[j], ids[j])
+            pool.publish(r.table[j], ids[j], take_over)
         r.published = max(r.published, full)
 
     def scheduled(r, n):
         sched.append((r, n))
+        r.ahead = r.published
         if a.publish_at_allocate:
-            publish_through(r, min(r.computed + n, len(r.tokens)))
+            publish_through(r, min(r.computed + n, len(r.tokens)), take_over=False)
 
     def evict(r):  # preemption or finish: give back every block
         pool.release(r.table)
@@ -210,6 +224,9 @@ def main():
         for r, n in sched:
             r.computed += n
             row[7] += n
+            ids = chain(r)
+            for j in range(r.ahead, min(r.published, r.computed // bs)):
+                pool.publish(r.table[j], ids[j])  # computed now: may take over a free block's
             publish_through(r, r.computed)
         # 4. outputs and finishing, in scheduling order
         for r, n in sched:

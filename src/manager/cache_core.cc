@@ -191,7 +191,7 @@ void CacheCore::AcquireHeld(int32_t pool, int32_t block) {
 }
 
 void CacheCore::PublishBlock(int32_t pool, int32_t block, const PrefixKey& key, const Request& r,
-                             int64_t position, int32_t parent) {
+                             int64_t position, int32_t parent, bool ahead) {
   if (!config.enable_prefix_caching) return;
   BlockPool& bp = pools[static_cast<size_t>(pool)];
   if (bp.has_identity(block)) return;
@@ -203,7 +203,20 @@ void CacheCore::PublishBlock(int32_t pool, int32_t block, const PrefixKey& key, 
   if (before > 0 && before < (static_cast<int64_t>(r.hashes.size()) + 1) * hash_tokens) {
     from.parent = HashAt(r, before);
   }
-  Must(bp.Publish(block, key, from));
+  // A key a free block held moves to this one (BlockPool::Publish): its continuations and the
+  // coverage of its checkpoint were counted when it was first published. Not from a block the
+  // Allocate under way plans to hit (a give-back publishes rolling states before the hit is
+  // taken).
+  const int32_t holder = bp.Find(key);
+  const bool moved = holder >= 0;
+  const bool kept = moved && std::any_of(hit_keep.begin(), hit_keep.end(), [&](PoolBlock k) {
+                      return k.pool == pool && k.block == holder;
+                    });
+  Must(bp.Publish(block, key, from, /*take_over=*/!ahead && !kept));
+  if (moved) {
+    if (bp.has_identity(block)) ++stats.keys_taken_over;
+    return;
+  }
   if (share_branches && bp.has_identity(block)) {
     if (state) {
       ShareCheckpoint(key.group, block, r, position);

@@ -112,8 +112,11 @@ struct CacheCore {
   // prefix is also counted as covered (checkpoint_coverage.h).
   // `parent`: a token block's predecessor in the request's table when the caller has it (the
   // null block otherwise: it is looked up when needed).
+  // `ahead`: published at Allocate, before the step computes it (BlockPool::Publish's
+  // `take_over` off: the copy may yet be withdrawn).
   void PublishBlock(int32_t pool, int32_t block, const PrefixKey& key, const Request& r,
-                    int64_t position = -1, int32_t parent = BlockPool::kNullBlock);
+                    int64_t position = -1, int32_t parent = BlockPool::kNullBlock,
+                    bool ahead = false);
   // Shared prefixes (ManagerConfig::branch_bonus): the token block `child` starting at
   // `position` took its identity, so its parent gained a continuation; at the second and later
   // ones every block of the prefix up to it, in every decoder token group, and the checkpoints at

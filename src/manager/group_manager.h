@@ -154,7 +154,8 @@ class GroupManager {
   // request too (a hit on the open step); its table index into `block`.
   virtual bool LentPast(const Request& r, int64_t limit, int64_t& block) const;
   // Withdraws the identities of the blocks the open step published at Allocate at or past
-  // `limit` (their KV was never computed). Commit does it itself.
+  // `limit` (their KV was never computed); those below it that stayed private because a free
+  // block held their key take it over (BlockPool::Publish). Commit does it itself.
   virtual void WithdrawAhead(Request& r, int64_t limit);
   // Returns the request to x (TruncateBound's fixed point established that it can).
   virtual void Truncate(Request& r, int64_t x, int64_t new_known) = 0;

@@ -264,6 +264,7 @@ Status KvCacheManager::Allocate(RequestId id, int64_t num_new_tokens, const Pref
   Request* r = impl_->Find(id);
   if (r == nullptr) return impl_->Unknown("allocate", id);
   const Status s = impl_->Allocate(*r, num_new_tokens, hit, lookahead);
+  impl_->core.hit_keep.clear();  // CacheCore::PublishBlock reads it as this call's plan
   if (impl_->core.cover) impl_->core.SettleDrops();
   return s;
 }

@@ -126,14 +126,15 @@ void TokenGroup::Commit(Request& r, int64_t, int64_t publish_limit) {
   PublishUpTo(r, ts, publish_limit);
 }
 
-void TokenGroup::PublishUpTo(Request& r, TokenSlot& ts, int64_t limit) {
+void TokenGroup::PublishUpTo(Request& r, TokenSlot& ts, int64_t limit, bool ahead) {
   const int64_t bs = block_tokens();
   const int64_t full = math_.Block(limit);
   for (int64_t j = ts.num_published; j < full; ++j) {
     const int32_t b = ts.table[static_cast<size_t>(j)];
     if (b != BlockPool::kNullBlock) {
       core_.PublishBlock(pool(), b, Key(r, j), r, j * bs,
-                         j > 0 ? ts.table[static_cast<size_t>(j - 1)] : BlockPool::kNullBlock);
+                         j > 0 ? ts.table[static_cast<size_t>(j - 1)] : BlockPool::kNullBlock,
+                         ahead);
     }
   }
   ts.num_published = std::max<int32_t>(ts.num_published, static_cast<int32_t>(full));
@@ -143,7 +144,7 @@ void TokenGroup::PublishAhead(Request& r, int64_t limit) {
   TokenSlot& ts = slot_at(r.slot);
   if (ts.evicted > 0 || limit < (int64_t{ts.num_published} + 1) * math_.tokens()) return;
   ts.ahead_from = ts.num_published;
-  PublishUpTo(r, ts, limit);
+  PublishUpTo(r, ts, limit, /*ahead=*/true);
 }
 
 bool TokenGroup::LentPast(const Request& r, int64_t limit, int64_t& block) const {
@@ -174,6 +175,15 @@ void TokenGroup::WithdrawAhead(Request& r, int64_t limit) {
       Must(bp.Unpublish(b));
   }
   ts.num_published = static_cast<int32_t>(std::min<int64_t>(ts.num_published, cut));
+  // The blocks the step did compute: one that stayed private because a free block held its key
+  // takes the key over now (BlockPool::Publish), as it would have at Commit.
+  for (int64_t j = ts.ahead_from; j < ts.num_published; ++j) {
+    const int32_t b = ts.table[static_cast<size_t>(j)];
+    if (b != BlockPool::kNullBlock && !bp.has_identity(b)) {
+      core_.PublishBlock(pool(), b, Key(r, j), r, j * block_tokens(),
+                         j > 0 ? ts.table[static_cast<size_t>(j - 1)] : BlockPool::kNullBlock);
+    }
+  }
   ts.ahead_from = TokenSlot::kNoAhead;
 }
 

@@ -109,8 +109,9 @@ class TokenGroup : public GroupManager {
   // Whether a step from `begin` writes into a block it must copy first: `begin` is inside a
   // block that is shared or published (PlanStep counts it, ApplyStep makes it).
   bool CopyDue(const TokenSlot& ts, int64_t begin) const;
-  // Publishes the table's full blocks from num_published up to position `limit`.
-  void PublishUpTo(Request& r, TokenSlot& ts, int64_t limit);
+  // Publishes the table's full blocks from num_published up to position `limit`; `ahead`: at
+  // Allocate, before the step computes them (CacheCore::PublishBlock).
+  void PublishUpTo(Request& r, TokenSlot& ts, int64_t limit, bool ahead = false);
 
   std::vector<TokenSlot> slots_;
   BlockMath math_;  // block_tokens(), for the per-step paths

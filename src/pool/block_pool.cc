@@ -383,7 +383,7 @@ void BlockPool::Record(KvEvent::Kind kind, const PrefixKey& key, int32_t block,
   if (record_events_) events_.push_back({kind, key, block, from});
 }
 
-void BlockPool::DropIdentity(int32_t b) {
+void BlockPool::DropIdentity(int32_t b, bool dropped) {
   const size_t i = static_cast<size_t>(b);
   if (!has_key_[i]) return;
   ++identity_epoch_;
@@ -397,7 +397,7 @@ void BlockPool::DropIdentity(int32_t b) {
   }
   SegmentCached(b, -1);
   Record(KvEvent::Kind::kRemoved, key_[i], b);
-  if (track_dropped_) dropped_.push_back(key_[i]);
+  if (track_dropped_ && dropped) dropped_.push_back(key_[i]);
 }
 
 Status BlockPool::Allocate(int32_t n, std::vector<int32_t>& out) {
@@ -467,7 +467,8 @@ Status BlockPool::Reacquire(int32_t block) {
   return Status::Ok();
 }
 
-Status BlockPool::Publish(int32_t block, const PrefixKey& key, const PublishOrigin& from) {
+Status BlockPool::Publish(int32_t block, const PrefixKey& key, const PublishOrigin& from,
+                          bool take_over) {
   if (!ValidBlock(block)) return BadBlock(block, "publish");
   const size_t i = static_cast<size_t>(block);
   if (ref_[i] == 0) {
@@ -478,7 +479,23 @@ Status BlockPool::Publish(int32_t block, const PrefixKey& key, const PublishOrig
     return Status::FailedPrecondition(
         fmt::format("publish: block {} already has a prefix identity", block));
   }
-  (void)Store(block, key, from);  // another block holding key: the first keeps it
+  const int32_t old = index_.Find(key);
+  if (old < 0 || !take_over || !on_list_[static_cast<size_t>(old)]) {
+    (void)Store(block, key, from);  // a held block with the key keeps it
+    return Status::Ok();
+  }
+  const size_t o = static_cast<size_t>(old);
+  const uint8_t share = share_[o], continuations = continuations_[o];
+  const uint32_t first_child = first_child_[o];
+  DropIdentity(old, /*dropped=*/false);  // the key stays in the pool
+  // Worth nothing now: to the head, where blocks released without identity go.
+  Unlink(old);
+  Prepend(old);
+  Requeued(old);
+  (void)Store(block, key, from);
+  share_[i] = share;
+  continuations_[i] = continuations;
+  first_child_[i] = first_child;
   return Status::Ok();
 }
 
@@ -519,6 +536,11 @@ Status BlockPool::Demote(int32_t block) {
   }
   Unlink(block);
   InsertAfterHeadRun(block);
+  Requeued(block);
+  return Status::Ok();
+}
+
+void BlockPool::Requeued(int32_t block) {
   const int32_t seg = segment_of(block);
   const size_t s = Seg(seg);
   if (seg_held_[s] == 0 && NothingCachedQueued(seg)) {
@@ -527,7 +549,6 @@ Status BlockPool::Demote(int32_t block) {
   } else if (rank_ != nullptr) {
     RetickEmptySegment(seg);  // its highest rank may have been this block's
   }
-  return Status::Ok();
 }
 
 Status BlockPool::Free(std::span<const int32_t> blocks, Retention retention) {

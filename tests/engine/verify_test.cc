@@ -326,6 +326,35 @@ void ExpectEvictionRuleExact(const std::function<void(VerifyOptions&)>& rule,
   }
 }
 
+// A request that computes blocks or checkpoints a free block still caches (a recurrent model
+// whose state at the end of the cached KV is gone computes that KV again) takes their keys over
+// (BlockPool::Publish): requests hit the newer copies, which the engine wrote, and every logit
+// still equals dense.
+TEST(Engine, RecomputedPrefixesTakeTheirKeysOverAndStayExact) {
+  LoadOptions load{DType::kFP32, DType::kFP32, DType::kFP32};
+  const uint64_t seeds = testing::kSanitized ? 2 : 4;
+  for (const char* name :
+       {"ibm-ai-platform--Bamba-9B", "ai21labs--Jamba-v0.1", "Qwen--Qwen3-Next-80B-A3B-Instruct"}) {
+    auto real = LoadModelConfig(std::string(HKV_MODELS_DIR) + "/" + name, load);
+    ASSERT_TRUE(real.ok()) << real.status().ToString();
+    int64_t taken = 0, hits = 0;
+    for (uint64_t seed = 1; seed <= seeds; ++seed) {
+      VerifyOptions o;
+      o.seed = seed;
+      o.prompt_checkpoints = false;
+      o.memory_bytes = RunVerify(*real, o).value().memory_bytes / 2;
+      auto r = RunVerify(*real, o);
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      EXPECT_TRUE(r->completed) << name << " seed " << seed;
+      EXPECT_EQ(r->mismatches, 0) << name << " seed " << seed;
+      taken += r->features.keys_taken_over;
+      hits += r->features.prefix_hit_tokens;
+    }
+    EXPECT_GT(taken, 0) << name;
+    EXPECT_GT(hits, 0) << name;
+  }
+}
+
 // Shared prefixes kept longer (ManagerConfig::branch_bonus): the prefixes requests branched from,
 // and their checkpoints, queue behind blocks freed after them; the manager marked some.
 TEST(Engine, SharedPrefixesKeptLongerStayExact) {

@@ -37,6 +37,55 @@ TEST(Eviction, LruAcrossRequestsAndTailFirstWithinOne) {
   EXPECT_EQ(tail, Concat(Reversed(a), Reversed(b)));
 }
 
+// A request that computes blocks already cached (here it skipped the hit; on a recurrent model
+// it must when the state at the end of the cached KV is gone) takes their keys over once it has
+// computed them: the cached copies, older, would otherwise be evicted before anything freed since
+// and the prefix would lose them, while the request's own copies went back without identity. The
+// old copies go to the head, worth nothing.
+TEST(Eviction, ARecomputedPrefixKeepsItsKeysOnTheNewerCopies) {
+  for (const bool ahead : {false, true}) {
+    SCOPED_TRACE(ahead ? "published at Allocate" : "published at Commit");
+    ManagerConfig c = MakeConfig({16}, {Full(4)});
+    c.record_events = true;
+    c.publish_at_allocate = ahead;
+    Driver d(c);
+    d.Add(1, Seq(13, 100));  // P: three full blocks and a partial one
+    d.Prefill(1);
+    const auto old = d.Table(1, 0);
+    d.Free(1);
+    d.Add(2, Seq(12, 500));  // Q, freed after P
+    d.Prefill(2);
+    d.Free(2);
+    (void)d.m().TakeEvents();
+    d.Add(3, Seq(13, 100));
+    EXPECT_EQ(d.Lookup(3).tokens, 12);
+    d.Run(3, 13);  // computes P again instead of hitting it
+    const auto fresh = d.Table(3, 0);
+    const auto order = ManagerProbe::FreeListOrder(d.m(), 0);
+    for (size_t j = 0; j < 3; ++j) {
+      EXPECT_NE(fresh[j], old[j]);
+      // The old copy caches nothing now and waits at the head of the free list.
+      EXPECT_LT(std::find(order.begin(), order.end(), old[j]) - order.begin(), 3) << j;
+    }
+    int removed = 0, stored = 0;
+    for (const ManagerEvent& e : d.m().TakeEvents()) {
+      removed += e.kind == KvEvent::Kind::kRemoved;
+      stored += e.kind == KvEvent::Kind::kStored;
+    }
+    EXPECT_EQ(removed, 3);
+    EXPECT_EQ(stored, 3);
+    d.Free(3);
+    // Twelve fresh blocks: the nine caching nothing, then the three least recently freed cached
+    // ones, which are now Q's. P, computed last, is still whole.
+    d.Add(4, Seq(48, 9000));
+    d.Prefill(4);
+    d.Add(5, Seq(13, 100));
+    EXPECT_EQ(d.Lookup(5).tokens, 12);
+    d.Add(6, Seq(12, 500));
+    EXPECT_EQ(d.Lookup(6).tokens, 0);
+  }
+}
+
 // A rank the caller owns and changes (ManagerConfig::eviction_rank): here, request 2's prefix is
 // worth more than request 1's, whatever the order they were freed in, until the caller says
 // otherwise and calls Rerank.

@@ -110,7 +110,7 @@ TEST(BlockPoolTest, PublishIsNamespacedAndKeepsTheFirstCopy) {
   ASSERT_TRUE(p.Allocate(3, got).ok());
   ASSERT_TRUE(p.Publish(1, Key(9, 0)).ok());
   ASSERT_TRUE(p.Publish(2, Key(9, 1)).ok());  // same digest, other group
-  ASSERT_TRUE(p.Publish(3, Key(9, 0)).ok());  // duplicate: stays private
+  ASSERT_TRUE(p.Publish(3, Key(9, 0)).ok());  // duplicate of a held block: stays private
   EXPECT_EQ(p.Find(Key(9, 0)), 1);
   EXPECT_EQ(p.Find(Key(9, 1)), 2);
   EXPECT_FALSE(p.has_identity(3));
@@ -120,6 +120,43 @@ TEST(BlockPoolTest, PublishIsNamespacedAndKeepsTheFirstCopy) {
   ASSERT_EQ(events.size(), 2u);
   EXPECT_EQ(events[0].kind, KvEvent::Kind::kStored);
   EXPECT_EQ(events[1].key.group, 1);
+  ExpectValid(p);
+}
+
+// Once the block holding a key is free, a newer copy published under it takes the key with its
+// share level and continuations, and the old block, caching nothing, goes to the head; a copy
+// not yet written (take_over off) leaves the key where it is.
+TEST(BlockPoolTest, ANewerCopyTakesTheKeyFromAFreeBlock) {
+  BlockPool p = MakePool(6);
+  std::vector<int32_t> got;
+  ASSERT_TRUE(p.Allocate(2, got).ok());  // blocks 1 and 2
+  ASSERT_TRUE(p.Publish(1, Key(9)).ok());
+  ASSERT_TRUE(p.MarkShared(1, 3).ok());
+  ASSERT_TRUE(p.AddContinuation(1, 77).ok());
+  ASSERT_TRUE(p.Free(std::vector<int32_t>{1, 2}).ok());  // free list: 3 4 5 1 2
+  got.clear();
+  ASSERT_TRUE(p.Allocate(2, got).ok());  // 3 and 4
+  (void)p.TakeEvents();
+  ASSERT_TRUE(p.Publish(3, Key(9), PublishOrigin{}, /*take_over=*/false).ok());
+  EXPECT_EQ(p.Find(Key(9)), 1);
+  EXPECT_FALSE(p.has_identity(3));
+  ASSERT_TRUE(p.Publish(4, Key(9)).ok());
+  EXPECT_EQ(p.Find(Key(9)), 4);
+  EXPECT_FALSE(p.has_identity(1));
+  EXPECT_EQ(p.share_level(4), 3);
+  EXPECT_EQ(p.num_cached(), 1);
+  EXPECT_EQ(p.num_free_cached(), 0);
+  EXPECT_EQ(p.FreeListOrder(), (std::vector<int32_t>{1, 5, 2}));
+  const std::vector<KvEvent> events = p.TakeEvents();
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[0].kind, KvEvent::Kind::kRemoved);
+  EXPECT_EQ(events[0].block, 1);
+  EXPECT_EQ(events[1].kind, KvEvent::Kind::kStored);
+  EXPECT_EQ(events[1].block, 4);
+  // A held holder keeps its key: 4 is held, so 3 stays private.
+  ASSERT_TRUE(p.Publish(3, Key(9)).ok());
+  EXPECT_EQ(p.Find(Key(9)), 4);
+  EXPECT_FALSE(p.has_identity(3));
   ExpectValid(p);
 }
 
@@ -254,6 +291,15 @@ TEST(BlockPoolTest, RandomOperationsMatchAReferenceModel) {
           ASSERT_EQ(s.code(), StatusCode::kFailedPrecondition);
         } else {
           ASSERT_TRUE(s.ok());
+          const auto it = identity.find(k);
+          if (it != identity.end() && refs[static_cast<size_t>(it->second)] == 0) {
+            // A free holder gives the key up and, worth nothing now, goes to the head.
+            const int32_t old = it->second;
+            key_of.erase(old);
+            free_order.erase(std::find(free_order.begin(), free_order.end(), old));
+            free_order.insert(free_order.begin(), old);
+            identity.erase(it);
+          }
           if (!identity.count(k)) {
             identity[k] = b;
             key_of[b] = k;

@@ -240,7 +240,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{"meta-llama--Llama-3.1-8B", AllocatorMode::kHybridKV, 3},
                       Case{"google--gemma-2-9b", AllocatorMode::kHybridKV, 3},
                       Case{"google--gemma-2-9b", AllocatorMode::kPadded, 3},
-                      Case{"ibm-ai-platform--Bamba-9B", AllocatorMode::kHybridKV, 6},
+                      Case{"ibm-ai-platform--Bamba-9B", AllocatorMode::kHybridKV, 7},
                       Case{"Qwen--Qwen3-Next-80B-A3B-Instruct", AllocatorMode::kHybridKV, 5, true}),
     [](const auto& p) {
       std::string name =

@@ -135,6 +135,7 @@ nlohmann::json RunJson(const Run& run, bool with_timings) {
                     {"thrash_keep_share", m.thrash_keep_share},
                     {"thrash_returns_seen", m.thrash_returns_seen},
                     {"thrash_probation_frees", m.thrash_probation_frees},
+                    {"keys_taken_over", m.keys_taken_over},
                     {"rolling_states_given_back", m.rolling_states_given_back},
                     {"uncovered_blocks_demoted", m.uncovered_blocks_demoted},
                     {"unreachable_checkpoints_demoted", m.unreachable_checkpoints_demoted},

@@ -201,7 +201,8 @@ void PrintJson(const VerifyArgs& args, const VerifyOptions& options, const Verif
                    {"blocks_evicted", f.blocks_evicted},
                    {"evictions_deferred", f.evictions_deferred},
                    {"shared_prefixes_marked", f.shared_prefixes_marked},
-                   {"thrash_probation_frees", f.thrash_probation_frees}};
+                   {"thrash_probation_frees", f.thrash_probation_frees},
+                   {"keys_taken_over", f.keys_taken_over}};
   if (options.kv_events) j["kv_event_batches"] = r.kv_event_batches;
   if (options.offload) {
     j["offload"] = {{"tier", args.offload},

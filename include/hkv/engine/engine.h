@@ -156,6 +156,7 @@ struct EngineCounters {
   int64_t remembered_branches_kept = 0;   // likewise
   int64_t shared_prefixes_marked = 0;     // likewise
   int64_t thrash_probation_frees = 0;     // likewise
+  int64_t keys_taken_over = 0;            // likewise
   // Likewise: the manager's checkpoint-coverage demotions of all three kinds (ManagerStats).
   int64_t coverage_demotions = 0;
   int64_t cross_attention_reuses = 0;  // requests that started on cached encoder K/V

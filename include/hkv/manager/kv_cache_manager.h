@@ -100,6 +100,9 @@ struct ManagerStats {
   double thrash_keep_share = 1;
   int64_t thrash_returns_seen = 0;
   int64_t thrash_probation_frees = 0;
+  // Blocks and checkpoints a request computed again while a free block still cached the same
+  // prefix: the newer copy took the key over (BlockPool::Publish), the older one was freed of it.
+  int64_t keys_taken_over = 0;
   // Rolling recurrent states (the newest aligned state a running request keeps, to publish when
   // it ends) that Allocate gave back for the same reason: published as cached checkpoints, or
   // dropped where the state was the request's live one (its step then writes in place).

@@ -117,9 +117,17 @@ class BlockPool {
   // freed, before anything was allocated (their contents are intact; the rest of the free list
   // is as before the release).
   Status Reacquire(int32_t block);
-  // Gives a held block its prefix identity. If another block already has the key the index is
-  // left as it is and the call succeeds: the caller's copy stays private.
-  Status Publish(int32_t block, const PrefixKey& key, const PublishOrigin& from = {});
+  // Gives a held block its prefix identity. If another block already has the key: while that
+  // block is held, the index is left as it is and the caller's copy stays private; once it is
+  // free, the key moves to the caller's copy with its share level and continuations (a `removed`
+  // event for the old block, a `stored` one for this), and the old block, worth nothing now,
+  // joins the free blocks that cache nothing. The older copy would otherwise be evicted before
+  // the newer one is freed, and the newer one would go back private: the prefix would lose the
+  // block while a copy of it existed.
+  // `take_over`: false keeps the key where it is even on a free block (the caller's copy is not
+  // written yet, and may be withdrawn before it is).
+  Status Publish(int32_t block, const PrefixKey& key, const PublishOrigin& from = {},
+                 bool take_over = true);
   Status Publish(int32_t block, const PrefixKey& key, uint64_t origin, int64_t position = -1) {
     return Publish(block, key, PublishOrigin{origin, position, std::nullopt, 0});
   }
@@ -241,7 +249,11 @@ class BlockPool {
   void Append(int32_t block);
   void Prepend(int32_t block);
   void InsertAfterHeadRun(int32_t block);  // tick 0, after the blocks queued at the head
-  void DropIdentity(int32_t block);
+  // After a free block moved towards the head: its segment's place among the empty ones.
+  void Requeued(int32_t block);
+  // `dropped`: whether the key leaves the pool (TrackDropped); false when it moves to another
+  // block in the same breath.
+  void DropIdentity(int32_t block, bool dropped = true);
   void Record(KvEvent::Kind kind, const PrefixKey& key, int32_t block,
               const PublishOrigin& from = {});
   // Reference transitions 0 -> 1 and 1 -> 0, and identity changes, as seen by the segments.
