@@ -188,6 +188,7 @@ class ManagerStats:
     thrash_keep_share: float
     thrash_returns_seen: int
     thrash_probation_frees: int
+    keys_taken_over: int
     rolling_states_given_back: int
     uncovered_blocks_demoted: int
     unreachable_checkpoints_demoted: int

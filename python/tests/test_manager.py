@@ -568,3 +568,18 @@ def test_the_thrash_guard_puts_finished_requests_on_probation_but_not_preempted_
     c.thrash_keep_share = 2.0
     with pytest.raises(hybridkv.InvalidArgumentError, match="thrash_keep_share 2"):
         hybridkv.KvCacheManager(c)
+
+
+def test_a_prefix_computed_again_takes_the_keys_of_its_free_copies():
+    c = full_attention_config(num_blocks=17)
+    mgr = hybridkv.KvCacheManager(c)
+    prompt = list(range(100, 113))  # three full blocks and a partial one
+    run_prompt(mgr, 1, prompt)
+    mgr.free(1)
+    assert mgr.stats.keys_taken_over == 0
+    run_prompt(mgr, 2, prompt, hit=hybridkv.PrefixHit())  # computes them again
+    assert mgr.stats.keys_taken_over == 3
+    mgr.free(2)
+    mgr.check_invariants()
+    mgr.add_request(3, np.asarray(prompt, dtype=np.int32))
+    assert mgr.lookup(3).tokens == 12

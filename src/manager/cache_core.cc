@@ -207,13 +207,15 @@ void CacheCore::PublishBlock(int32_t pool, int32_t block, const PrefixKey& key, 
   // coverage of its checkpoint were counted when it was first published. Not from a block the
   // Allocate under way plans to hit (a give-back publishes rolling states before the hit is
   // taken).
-  const int32_t holder = bp.Find(key);
-  const bool moved = holder >= 0;
-  const bool kept = moved && std::any_of(hit_keep.begin(), hit_keep.end(), [&](PoolBlock k) {
-                      return k.pool == pool && k.block == holder;
-                    });
-  Must(bp.Publish(block, key, from, /*take_over=*/!ahead && !kept));
-  if (moved) {
+  bool take_over = !ahead;
+  if (take_over && !hit_keep.empty()) {
+    const int32_t planned = bp.Find(key);
+    take_over = std::none_of(hit_keep.begin(), hit_keep.end(),
+                             [&](PoolBlock k) { return k.pool == pool && k.block == planned; });
+  }
+  int32_t holder = -1;
+  Must(bp.Publish(block, key, from, take_over, &holder));
+  if (holder >= 0) {
     if (bp.has_identity(block)) ++stats.keys_taken_over;
     return;
   }

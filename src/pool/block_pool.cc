@@ -468,7 +468,7 @@ Status BlockPool::Reacquire(int32_t block) {
 }
 
 Status BlockPool::Publish(int32_t block, const PrefixKey& key, const PublishOrigin& from,
-                          bool take_over) {
+                          bool take_over, int32_t* holder) {
   if (!ValidBlock(block)) return BadBlock(block, "publish");
   const size_t i = static_cast<size_t>(block);
   if (ref_[i] == 0) {
@@ -479,11 +479,13 @@ Status BlockPool::Publish(int32_t block, const PrefixKey& key, const PublishOrig
     return Status::FailedPrecondition(
         fmt::format("publish: block {} already has a prefix identity", block));
   }
-  const int32_t old = index_.Find(key);
-  if (old < 0 || !take_over || !on_list_[static_cast<size_t>(old)]) {
-    (void)Store(block, key, from);  // a held block with the key keeps it
-    return Status::Ok();
+  // One probe when the key is new (nearly always): Store inserts it or names its holder.
+  int32_t old = -1;
+  if (Store(block, key, from, &old) || !take_over || !on_list_[static_cast<size_t>(old)]) {
+    if (holder != nullptr) *holder = old;
+    return Status::Ok();  // stored, or a held block with the key keeps it
   }
+  if (holder != nullptr) *holder = old;
   const size_t o = static_cast<size_t>(old);
   const uint8_t share = share_[o], continuations = continuations_[o];
   const uint32_t first_child = first_child_[o];
@@ -511,9 +513,11 @@ Status BlockPool::Unpublish(int32_t block) {
   return Status::Ok();
 }
 
-bool BlockPool::Store(int32_t b, const PrefixKey& key, const PublishOrigin& from) {
+bool BlockPool::Store(int32_t b, const PrefixKey& key, const PublishOrigin& from, int32_t* holder) {
   const size_t i = static_cast<size_t>(b);
-  if (index_.Emplace(key, b) >= 0) return false;
+  const int32_t found = index_.Emplace(key, b);
+  if (holder != nullptr) *holder = found;
+  if (found >= 0) return false;
   key_[i] = key;
   has_key_[i] = 1;
   SegmentCached(b, +1);

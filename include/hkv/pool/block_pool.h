@@ -126,8 +126,9 @@ class BlockPool {
   // block while a copy of it existed.
   // `take_over`: false keeps the key where it is even on a free block (the caller's copy is not
   // written yet, and may be withdrawn before it is).
+  // `holder`: the block that had the key before the call (-1: none).
   Status Publish(int32_t block, const PrefixKey& key, const PublishOrigin& from = {},
-                 bool take_over = true);
+                 bool take_over = true, int32_t* holder = nullptr);
   Status Publish(int32_t block, const PrefixKey& key, uint64_t origin, int64_t position = -1) {
     return Publish(block, key, PublishOrigin{origin, position, std::nullopt, 0});
   }
@@ -280,7 +281,9 @@ class BlockPool {
   // Gives a block a prefix identity (stored event), probing the index once; when another block
   // holds the identity already, changes nothing.
   // false: another block holds key
-  bool Store(int32_t block, const PrefixKey& key, const PublishOrigin& from = {});
+  // `holder`: the block that already had the key (-1 when it was stored).
+  bool Store(int32_t block, const PrefixKey& key, const PublishOrigin& from = {},
+             int32_t* holder = nullptr);
   // CheckInvariants' parts, in the order it checks; CountBlocks tallies the blocks per segment
   // and in all for the checks after it.
   struct InvariantCounts {
