@@ -44,6 +44,16 @@ class SimulateCommandTest : public ::testing::Test {
     ASSERT_TRUE(WriteTraceFile(GenerateTrace(o).value(), dir_ / "trace.jsonl").ok());
   }
 
+  // One request at a time in the hybridkv mode, as docs/marconi.md replays it, printing JSON.
+  void OneAtATime(const char* model, const char* memory) {
+    args_.config = std::string(HKV_MODELS_DIR) + "/" + model;
+    args_.memory = memory;
+    args_.max_running = 1;
+    args_.budget = 16384;
+    args_.allocator = "hybridkv";
+    args_.json = true;
+  }
+
   int Run(std::string& out, std::string& err) {
     std::ostringstream o, e;
     const int rc = RunSimulate(args_, o, e, false);
@@ -280,12 +290,7 @@ TEST_F(SimulateCommandTest, BranchBonus) {
 // against 0.281). Off, it neither measures nor acts.
 TEST_F(SimulateCommandTest, ThrashGuard) {
   WriteTrace(800);
-  args_.config = std::string(HKV_MODELS_DIR) + "/ibm-ai-platform--Bamba-9B";
-  args_.memory = "2GiB";
-  args_.max_running = 1;
-  args_.budget = 16384;
-  args_.allocator = "hybridkv";
-  args_.json = true;
+  OneAtATime("ibm-ai-platform--Bamba-9B", "2GiB");
   const nlohmann::json guarded = FirstRun();  // the mode's default: on
   args_.thrash_guard = "off";
   const nlohmann::json plain = FirstRun();
@@ -311,12 +316,7 @@ TEST_F(SimulateCommandTest, ThrashGuard) {
 // look-back is in tokens (a follow-up message is up to 1500 of them).
 TEST_F(SimulateCommandTest, ThrashGuardAtOneTokenBlocks) {
   WriteTrace(800);
-  args_.config = std::string(HKV_MODELS_DIR) + "/ibm-ai-platform--Bamba-9B";
-  args_.memory = "2GiB";
-  args_.max_running = 1;
-  args_.budget = 16384;
-  args_.allocator = "hybridkv";
-  args_.json = true;
+  OneAtATime("ibm-ai-platform--Bamba-9B", "2GiB");
   const nlohmann::json sixteen = FirstRun();
   args_.block_tokens = 1;
   const nlohmann::json one = FirstRun();
@@ -332,12 +332,7 @@ TEST_F(SimulateCommandTest, ThrashGuardAtOneTokenBlocks) {
 // instead of computing the whole prompt again.
 TEST_F(SimulateCommandTest, CheckpointInterval) {
   WriteTrace(100);
-  args_.config = std::string(HKV_MODELS_DIR) + "/ibm-ai-platform--Bamba-9B";
-  args_.memory = "16GiB";
-  args_.max_running = 1;
-  args_.budget = 16384;
-  args_.allocator = "hybridkv";
-  args_.json = true;
+  OneAtATime("ibm-ai-platform--Bamba-9B", "16GiB");
   args_.max_state_splits = 64;
   const nlohmann::json none = FirstRun();
   args_.checkpoint_interval = 250;  // rounded up to 256, a multiple of the 16-token blocks
