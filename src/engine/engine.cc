@@ -238,11 +238,23 @@ Status Engine::Impl::AfterManagerCall() {
   const std::vector<ManagerEvent> events = manager_->TakeEvents();
   if (events.empty()) return Status::Ok();
   // Published blocks are exported now, before any later call can hand them out again. In a
-  // batch, blocks published at Allocate hold KV only once the batch has run; no call until then
-  // reuses a block (the rest of the batch only runs and commits).
+  // batch, blocks published at Allocate hold KV only once the batch has run, so their stores wait
+  // for it; a block whose identity leaves it before then (evicted by a later Allocate of the
+  // batch, withdrawn, or its key taken over by a newer copy and the block handed out again) may
+  // be overwritten by the batch, so its pending store is dropped.
   if (connector_ && options_.offload->store) {
     if (options_.batched) {
-      store_after_batch_.insert(store_after_batch_.end(), events.begin(), events.end());
+      for (const ManagerEvent& e : events) {
+        if (e.kind == KvEvent::Kind::kStored) {
+          store_after_batch_.push_back(e);
+          continue;
+        }
+        std::erase_if(store_after_batch_, [&](const ManagerEvent& p) {
+          return e.kind == KvEvent::Kind::kCleared ? p.pool == e.pool
+                                                   : p.pool == e.pool && p.block == e.block &&
+                                                         p.group == e.group && p.hash == e.hash;
+        });
+      }
     } else {
       HKV_RETURN_IF_ERROR(connector_->Store(events));
     }

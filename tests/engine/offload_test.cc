@@ -74,7 +74,8 @@ class OffloadExactness : public ::testing::TestWithParam<std::string> {};
 // Several seeds: which requests wait for loads, and how long, depends on the worker's timing,
 // so the schedules differ from run to run (a restarted request's first step may even be a
 // speculative decode step that waits for its loads); every one must be exact. One seed runs
-// batched steps publishing at Allocate: what a step publishes is stored once the batch ran.
+// batched steps publishing at Allocate: what a step publishes is stored once the batch ran
+// (seed 11 too on every other model).
 TEST_P(OffloadExactness, HostTierReloadsMatchDense) {
   // Under the sanitizers, whose timing differs anyway, one seed per model.
   const std::vector<uint64_t> seeds =
@@ -87,7 +88,10 @@ TEST_P(OffloadExactness, HostTierReloadsMatchDense) {
     o.seed = seed;
     o.offload = OffloadOptions{{&host}};
     o.restarts = 1;
-    o.batched = testing::kSanitized ? testing::EngineModelIndex(GetParam()) % 2 == 1 : seed == 12;
+    // Seed 11 batched on every other model, as under the sanitizers: on Bamba it takes a key over
+    // from a block the batch then hands out again, whose pending store must be dropped.
+    const bool odd = testing::EngineModelIndex(GetParam()) % 2 == 1;
+    o.batched = testing::kSanitized ? odd : seed == 12 || (seed == 11 && odd);
     const VerifyReport r = RunVerify(Load(GetParam()), o).value();
     ExpectExact(r);
     EXPECT_EQ(r.engines, 2);

@@ -208,7 +208,7 @@ class BlockPool {
   int32_t num_free() const { return num_free_; }  // free owned blocks, cached or not
   // Counts the times a prefix identity left a block (evicted, moved, the cache reset). While it
   // stands still, every key Find answered still names the same block, so a caller may keep the
-  // answers instead of asking again. Publishing does not move it.
+  // answers instead of asking again. Publishing moves it only when a key is taken over (Publish).
   uint64_t identity_epoch() const { return identity_epoch_; }
   int32_t num_cached() const { return index_.size(); }
   int32_t ref_count(int32_t block) const { return ref_[static_cast<size_t>(block)]; }
@@ -220,9 +220,10 @@ class BlockPool {
   std::vector<KvEvent> TakeEvents();
   // With tracking on (off by default), every identity the pool drops one at a time - a cached
   // block reused, a segment given up, a key moved by MoveHeld (the new holder has it again) -
-  // is also logged for the owner, which drains the log after each call that may evict:
-  // TakeDropped hands it over in `out` (whose old contents it discards) and starts a new one.
-  // ResetPrefixCache logs nothing: it drops everything at once.
+  // is also logged for the owner (a key Publish takes over is not: it never leaves the pool), which
+  // drains the log after each call that may evict: TakeDropped hands it over in `out` (whose old
+  // contents it discards) and starts a new one. ResetPrefixCache logs nothing: it drops everything
+  // at once.
   void TrackDropped(bool on) { track_dropped_ = on; }
   void TakeDropped(std::vector<PrefixKey>& out) {
     out.swap(dropped_);
