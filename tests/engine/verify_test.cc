@@ -2,8 +2,10 @@
 // multi-turn continuations, forks, speculative decoding and memory pressure give exactly the
 // dense reference's tokens and logits, and every feature really ran.
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -226,29 +228,51 @@ TEST(Engine, CompactionAvoidsPreemptionsAndStaysExact) {
   RecordProperty("preemptions_with_compaction", std::to_string(preemptions[1]));
 }
 
-// Recurrent checkpoints admitted by expected reuse (ManagerConfig::prompt_checkpoints off, what
-// the simulator's modes run): no prompt-end checkpoints, only branch points and the states
-// requests end with. Every logit still equals dense, and hits on checkpoints still happen.
-TEST(Engine, CheckpointsAdmittedByExpectedReuseStayExact) {
+// RunVerify on the three recurrent hybrids, seeds 1..`seeds`, with checkpoints admitted by
+// expected reuse (ManagerConfig::prompt_checkpoints off, what the simulator's modes run) and
+// `memory_share` of the verify budget: every run completes with every logit equal to dense.
+// Returns, per model, the sum over its seeds of each counter in `counted`.
+std::vector<std::vector<int64_t>> RecurrentRunsExact(
+    uint64_t seeds, double memory_share, std::initializer_list<int64_t EngineCounters::*> counted) {
   LoadOptions load{DType::kFP32, DType::kFP32, DType::kFP32};
-  const uint64_t seeds = testing::kSanitized ? 2 : 6;
+  std::vector<std::vector<int64_t>> sums;
   for (const char* name :
        {"ibm-ai-platform--Bamba-9B", "ai21labs--Jamba-v0.1", "Qwen--Qwen3-Next-80B-A3B-Instruct"}) {
     auto real = LoadModelConfig(std::string(HKV_MODELS_DIR) + "/" + name, load);
-    ASSERT_TRUE(real.ok()) << real.status().ToString();
-    int64_t checkpoint_hits = 0;
+    EXPECT_TRUE(real.ok()) << real.status().ToString();
+    std::vector<int64_t>& sum = sums.emplace_back(counted.size(), 0);
+    if (!real.ok()) continue;
+    int64_t memory = 0;
     for (uint64_t seed = 1; seed <= seeds; ++seed) {
       VerifyOptions o;
       o.seed = seed;
       o.prompt_checkpoints = false;
+      if (memory_share < 1 && memory == 0) {
+        memory = static_cast<int64_t>(
+            static_cast<double>(RunVerify(*real, o).value().memory_bytes) * memory_share);
+      }
+      o.memory_bytes = memory;
       auto r = RunVerify(*real, o);
-      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      EXPECT_TRUE(r.ok()) << r.status().ToString();
+      if (!r.ok()) continue;
       EXPECT_TRUE(r->completed) << name << " seed " << seed;
       EXPECT_EQ(r->mismatches, 0) << name << " seed " << seed;
-      checkpoint_hits += r->features.checkpoint_hits;
+      size_t k = 0;
+      for (int64_t EngineCounters::*c : counted)
+        sum[k++] += r->features.*c;
     }
-    EXPECT_GT(checkpoint_hits, 0) << name;
   }
+  return sums;
+}
+
+// Recurrent checkpoints admitted by expected reuse: no prompt-end checkpoints, only branch points
+// and the states requests end with. Every logit still equals dense, and hits on checkpoints still
+// happen.
+TEST(Engine, CheckpointsAdmittedByExpectedReuseStayExact) {
+  const auto sums =
+      RecurrentRunsExact(testing::kSanitized ? 2 : 6, 1.0, {&EngineCounters::checkpoint_hits});
+  for (size_t m = 0; m < sums.size(); ++m)
+    EXPECT_GT(sums[m][0], 0) << "model " << m;
 }
 
 // Rolling states under pressure (ManagerConfig::rolling_stride_after_give_back): a request that
@@ -329,29 +353,14 @@ void ExpectEvictionRuleExact(const std::function<void(VerifyOptions&)>& rule,
 // A request that computes blocks or checkpoints a free block still caches (a recurrent model
 // whose state at the end of the cached KV is gone computes that KV again) takes their keys over
 // (BlockPool::Publish): requests hit the newer copies, which the engine wrote, and every logit
-// still equals dense.
+// still equals dense. At half the verify memory, so that states are evicted.
 TEST(Engine, RecomputedPrefixesTakeTheirKeysOverAndStayExact) {
-  LoadOptions load{DType::kFP32, DType::kFP32, DType::kFP32};
-  const uint64_t seeds = testing::kSanitized ? 2 : 4;
-  for (const char* name :
-       {"ibm-ai-platform--Bamba-9B", "ai21labs--Jamba-v0.1", "Qwen--Qwen3-Next-80B-A3B-Instruct"}) {
-    auto real = LoadModelConfig(std::string(HKV_MODELS_DIR) + "/" + name, load);
-    ASSERT_TRUE(real.ok()) << real.status().ToString();
-    int64_t taken = 0, hits = 0;
-    for (uint64_t seed = 1; seed <= seeds; ++seed) {
-      VerifyOptions o;
-      o.seed = seed;
-      o.prompt_checkpoints = false;
-      o.memory_bytes = RunVerify(*real, o).value().memory_bytes / 2;
-      auto r = RunVerify(*real, o);
-      ASSERT_TRUE(r.ok()) << r.status().ToString();
-      EXPECT_TRUE(r->completed) << name << " seed " << seed;
-      EXPECT_EQ(r->mismatches, 0) << name << " seed " << seed;
-      taken += r->features.keys_taken_over;
-      hits += r->features.prefix_hit_tokens;
-    }
-    EXPECT_GT(taken, 0) << name;
-    EXPECT_GT(hits, 0) << name;
+  const auto sums =
+      RecurrentRunsExact(testing::kSanitized ? 2 : 4, 0.5,
+                         {&EngineCounters::keys_taken_over, &EngineCounters::prefix_hit_tokens});
+  for (size_t m = 0; m < sums.size(); ++m) {
+    EXPECT_GT(sums[m][0], 0) << "model " << m;
+    EXPECT_GT(sums[m][1], 0) << "model " << m;
   }
 }
 
