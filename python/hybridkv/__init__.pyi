@@ -172,6 +172,7 @@ class ArenaUsage:
     slabs_reclaimed: int
     slabs_compacted: int
     pages_moved: int
+    cached_pages_moved: int
     classes: list[ArenaClassUsage]
 
 class ManagerStats:

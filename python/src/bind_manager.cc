@@ -258,6 +258,7 @@ void BindStatsTypes(py::module_& m) {
       .def_readonly("slabs_reclaimed", &ArenaUsage::slabs_reclaimed)
       .def_readonly("slabs_compacted", &ArenaUsage::slabs_compacted)
       .def_readonly("pages_moved", &ArenaUsage::pages_moved)
+      .def_readonly("cached_pages_moved", &ArenaUsage::cached_pages_moved)
       .def_readonly("classes", &ArenaUsage::classes);
 
   py::class_<ManagerStats>(m, "ManagerStats")

@@ -295,6 +295,7 @@ Status Engine::Impl::MaybeCompact() {
   const bool due = CompactionDue(*manager_, refused_since_compaction_, compact_limits_, for_pool);
   refused_since_compaction_ = false;
   if (!due) return Status::Ok();
+  const int64_t cached_before = manager_->Arena().cached_pages_moved;
   HKV_ASSIGN_OR_RETURN(const CompactionResult r,
                        for_pool >= 0 ? manager_->CompactFor(for_pool, compact_limits_)
                                      : manager_->Compact(compact_limits_));
@@ -303,7 +304,14 @@ Status Engine::Impl::MaybeCompact() {
   counters_.compactions += r.slabs.empty() ? 0 : 1;
   counters_.pages_moved += static_cast<int64_t>(r.moves.size());
   counters_.slabs_compacted += static_cast<int64_t>(r.slabs.size());
-  counters_.compactions_for_states += for_pool >= 0 && !r.slabs.empty() ? 1 : 0;
+  if (for_pool >= 0 && !r.slabs.empty()) {
+    const auto& groups = manager_->config().groups;
+    const bool states = std::any_of(groups.begin(), groups.end(), [&](const GroupConfig& g) {
+      return g.is_state() && g.pool == for_pool;
+    });
+    ++(states ? counters_.compactions_for_states : counters_.compactions_for_cache);
+  }
+  counters_.cached_pages_moved += manager_->Arena().cached_pages_moved - cached_before;
   return Status::Ok();
 }
 

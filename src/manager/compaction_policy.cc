@@ -13,7 +13,10 @@ bool CompactionDue(const KvCacheManager& manager, bool refused, std::vector<int6
   // beyond those inside held slabs). Only a class whose page is a whole slab can be kept out by
   // pages scattered over every slab.
   bool whole_slab_pages = false;
-  int32_t evicting_states = -1;  // a state class whose next page evicts a cached one
+  // The class whose next page evicts a cached one: a state class, else a class mostly caching
+  // (kCacheShareForSlabs of its pages free).
+  int32_t evicting_states = -1;
+  int32_t evicting_cache = -1;
   const auto holds_states = [&](size_t c) {
     for (const GroupConfig& gc : manager.config().groups)
       if (gc.is_state() && static_cast<size_t>(gc.pool) == c) return true;
@@ -27,9 +30,13 @@ bool CompactionDue(const KvCacheManager& manager, bool refused, std::vector<int6
     const PoolUsage u = manager.Usage(static_cast<int32_t>(c));
     const int32_t per = arena.pages_per_slab[c];
     whole_slab_pages = whole_slab_pages || per == 1;
-    if (evicting_states < 0 && u.num_free > 0 && u.num_free == u.num_free_cached &&
-        holds_states(c)) {
-      evicting_states = static_cast<int32_t>(c);
+    if (u.num_free > 0 && u.num_free == u.num_free_cached) {
+      if (holds_states(c)) {
+        if (evicting_states < 0) evicting_states = static_cast<int32_t>(c);
+      } else if (evicting_cache < 0 &&
+                 u.num_free >= kCacheShareForSlabs * static_cast<double>(u.num_blocks)) {
+        evicting_cache = static_cast<int32_t>(c);
+      }
     }
     owned_slabs += u.num_blocks / per;
     empty_slabs += (u.num_free - u.num_free_in_held_slabs) / per;
@@ -49,6 +56,7 @@ bool CompactionDue(const KvCacheManager& manager, bool refused, std::vector<int6
     limits[static_cast<size_t>(roomiest)] = arena.num_slabs;
     due = true;
   }
+  if (evicting_states < 0) evicting_states = evicting_cache;
   if (due || evicting_states < 0 || owned_slabs < arena.num_slabs) return due;
   // Memory for the states, in the age order: every class with a slab's worth free inside its held
   // slabs gives up the slabs whose cache is older than the state that would be evicted.

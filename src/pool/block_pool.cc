@@ -667,6 +667,52 @@ Status BlockPool::MoveHeld(int32_t src, int32_t dst) {
   return Status::Ok();
 }
 
+Status BlockPool::MoveCached(int32_t src, int32_t dst) {
+  if (!ValidBlock(src)) return BadBlock(src, "move cached");
+  if (!ValidBlock(dst)) return BadBlock(dst, "move cached");
+  const size_t s = static_cast<size_t>(src), d = static_cast<size_t>(dst);
+  if (src == dst) {
+    return Status::InvalidArgument(
+        fmt::format("move cached: block {} is both source and destination", src));
+  }
+  if (!on_list_[s] || !has_key_[s]) {
+    return Status::FailedPrecondition(fmt::format(
+        "move cached: source block {} is {}: only free blocks with a prefix identity move", src,
+        ref_[s] > 0 ? "held" : (on_list_[s] ? "free without identity" : "dormant")));
+  }
+  if (!on_list_[d]) {
+    return Status::FailedPrecondition(
+        fmt::format("move cached: destination block {} is {}: expected a free block", dst,
+                    ref_[d] > 0 ? "held" : "in a segment this pool does not own"));
+  }
+  for (const auto& [role, b] : {std::pair{"source", src}, std::pair{"destination", dst}}) {
+    if (seg_held_[Seg(segment_of(b))] == 0) {
+      return Status::FailedPrecondition(fmt::format(
+          "move cached: the {} block {} is in segment {}, which holds no block (compaction moves "
+          "a segment's cached blocks before its held ones, into segments still in use)",
+          role, b, segment_of(b)));
+    }
+  }
+  Unlink(dst);
+  DropIdentity(dst);
+  const uint64_t tick = tick_[s];
+  const int32_t after = prev_[s];  // dst is off the list, so never src's neighbour now
+  const PrefixKey key = key_[s];
+  const uint8_t continuations = continuations_[s], share = share_[s];
+  const uint32_t first_child = first_child_[s];
+  Unlink(src);
+  DropIdentity(src);
+  (void)Store(dst, key);  // key was src's alone
+  continuations_[d] = continuations;
+  share_[d] = share;
+  first_child_[d] = first_child;
+  // Linked where src was: its successors' order is untouched, and a plain-end mark that pointed
+  // at src (reset by Unlink to an earlier block) still lies before every tick it has to pass.
+  Link(dst, after, tick);
+  Prepend(src);  // worthless now: reused before anything cached
+  return Status::Ok();
+}
+
 void BlockPool::ResetPrefixCache() {
   ++identity_epoch_;
   index_.Clear();

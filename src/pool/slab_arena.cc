@@ -303,10 +303,19 @@ int32_t DroppablePages(const BlockPool& bp, int32_t per, int32_t seg, uint64_t o
   return n;
 }
 
+// A free page that moves with its slab's held pages when compaction drops only older cache: it
+// caches something freed at or after `older_than`.
+bool Keeps(const BlockPool& bp, int32_t b, uint64_t older_than) {
+  return bp.ref_count(b) == 0 && bp.has_identity(b) && bp.free_tick(b) >= older_than;
+}
+
 // The slabs of a class that take part in compaction, in the order they are emptied. Only partly
 // held slabs take part: full ones have nowhere to receive pages, empty ones are shared memory
 // already. `room[seg]`: the droppable free pages of a candidate; the first `eligible` candidates
-// may be emptied (every free page droppable), the rest only receive pages.
+// may be emptied, the rest only receive pages. Each page of an emptied slab that is not
+// droppable moves: a full compaction may empty only slabs whose free pages are all droppable,
+// one that drops only older cache (`older_than` given) moves the younger cached pages too, so any
+// candidate may be emptied, the cheapest (fewest pages to move) first.
 void CompactionCandidates(const BlockPool& bp, int32_t per, uint64_t older_than,
                           std::vector<int32_t>& candidates, std::vector<int32_t>& room,
                           size_t& eligible) {
@@ -319,14 +328,15 @@ void CompactionCandidates(const BlockPool& bp, int32_t per, uint64_t older_than,
     room[static_cast<size_t>(seg)] = DroppablePages(bp, per, seg, older_than);
     candidates.push_back(seg);
   }
+  const bool move_cached = older_than != UINT64_MAX;
   const auto may_empty = [&](int32_t seg) {
-    return room[static_cast<size_t>(seg)] == per - bp.segment_held(seg);
+    return move_cached || room[static_cast<size_t>(seg)] == per - bp.segment_held(seg);
   };
-  // Slabs that may be emptied first; among them fewest held pages first (cheapest to empty), then
-  // fewest identities (least cache lost).
+  // Slabs that may be emptied first; among them fewest pages to move first (cheapest to empty),
+  // then fewest identities (least cache lost).
   std::sort(candidates.begin(), candidates.end(), [&](int32_t a, int32_t b) {
     if (may_empty(a) != may_empty(b)) return may_empty(a);
-    const int32_t ha = bp.segment_held(a), hb = bp.segment_held(b);
+    const int32_t ha = per - room[static_cast<size_t>(a)], hb = per - room[static_cast<size_t>(b)];
     if (ha != hb) return ha < hb;
     const int32_t ca = bp.segment_cached(a), cb = bp.segment_cached(b);
     return ca != cb ? ca < cb : a < b;
@@ -335,10 +345,11 @@ void CompactionCandidates(const BlockPool& bp, int32_t per, uint64_t older_than,
                                  candidates.begin());
 }
 
-// Victims are a prefix of the eligible candidates: the first k, as long as their held pages fit
-// in the droppable free pages of the slabs after them. Held grows and room shrinks with k, so the
-// feasible k are 0..kmax. Returns k; `moving` gets the victims' held pages.
-size_t CountVictims(const BlockPool& bp, std::span<const int32_t> candidates,
+// Victims are a prefix of the eligible candidates: the first k, as long as the pages they move
+// (all but the droppable ones) fit in the droppable free pages of the slabs after them. Moving
+// grows and room shrinks with k, so the feasible k are 0..kmax. Returns k; `moving` gets the
+// victims' pages to move.
+size_t CountVictims(int32_t per, std::span<const int32_t> candidates,
                     std::span<const int32_t> slab_room, size_t eligible, int64_t max_slabs,
                     int64_t& moving) {
   int64_t room = 0;
@@ -347,8 +358,8 @@ size_t CountVictims(const BlockPool& bp, std::span<const int32_t> candidates,
   moving = 0;
   size_t k = 0;
   while (k < eligible && static_cast<int64_t>(k) < max_slabs) {
-    const int32_t held = bp.segment_held(candidates[k]);
     const int32_t own = slab_room[static_cast<size_t>(candidates[k])];
+    const int32_t held = per - own;
     if (moving + held > room - own) break;
     moving += held;
     room -= own;
@@ -406,13 +417,17 @@ Status SlabArena::PlanCompaction(std::span<const BlockPool> pools, int32_t pool,
   size_t eligible = 0;
   CompactionCandidates(bp, per, older_than, candidates_, slab_room_, eligible);
   int64_t moving = 0;
-  const size_t k = CountVictims(bp, candidates_, slab_room_, eligible, max_slabs, moving);
+  const size_t k = CountVictims(per, candidates_, slab_room_, eligible, max_slabs, moving);
   if (k == 0) return Status::Ok();
   PickDestinations(bp, per, candidates_, k, moving, older_than, dest_, cached_dest_);
   size_t next = 0;
   for (size_t i = 0; i < k; ++i) {
     const int32_t slab = candidates_[i];
     const int32_t first = slab * per + 1;
+    // The younger cached pages first: BlockPool::MoveCached needs their slab still in use.
+    for (int32_t b = first; b < first + per; ++b) {
+      if (Keeps(bp, b, older_than)) plan.moves.push_back({pool, b, dest_[next++]});
+    }
     for (int32_t b = first; b < first + per; ++b) {
       if (bp.ref_count(b) > 0) plan.moves.push_back({pool, b, dest_[next++]});
     }
@@ -480,9 +495,23 @@ Status SlabArena::CheckPlan(std::span<const BlockPool> pools, const CompactionPl
           "move {} -> {}: the destination's slab {} is {}", m.src, m.dst, to,
           owner_[static_cast<size_t>(to)] != m.pool ? "not owned by the pool" : "being emptied"));
     }
-    if (bp.ref_count(m.src) == 0) {
-      return bad(fmt::format("move {} -> {} of pool {}: the source is free; expected a held page",
-                             m.src, m.dst, m.pool));
+    const bool cached = bp.ref_count(m.src) == 0;
+    if (cached && !bp.has_identity(m.src)) {
+      return bad(fmt::format(
+          "move {} -> {} of pool {}: the source is free and caches nothing; expected a held or "
+          "cached page",
+          m.src, m.dst, m.pool));
+    }
+    if (cached && slab_moves_[static_cast<size_t>(from)] == bp.segment_held(from)) {
+      return bad(fmt::format(
+          "move {} -> {} of pool {}: a cached page moves after every held page of slab {}; "
+          "expected it first, while the slab is in use",
+          m.src, m.dst, m.pool, from));
+    }
+    if (cached && bp.segment_held(to) == 0) {
+      return bad(fmt::format(
+          "move {} -> {} of pool {}: a cached page moves into slab {}, which holds no page", m.src,
+          m.dst, m.pool, to));
     }
     if (bp.ref_count(m.dst) != 0) {
       return bad(fmt::format(
@@ -504,7 +533,7 @@ Status SlabArena::CheckPlan(std::span<const BlockPool> pools, const CompactionPl
     }
     marks[static_cast<size_t>(m.src)] = 1;
     marks[static_cast<size_t>(m.dst)] = 2;
-    ++slab_moves_[static_cast<size_t>(from)];
+    if (!cached) ++slab_moves_[static_cast<size_t>(from)];
   }
   for (int32_t slab : plan.slabs) {
     const int32_t owner = owner_[static_cast<size_t>(slab)];
@@ -545,7 +574,11 @@ Status SlabArena::Compact(std::span<BlockPool> pools, const CompactionPlan& plan
   ClearPlanMarks(pools, plan);
   HKV_RETURN_IF_ERROR(valid);
   for (const PageMove& m : plan.moves) {
-    if (!pools[static_cast<size_t>(m.pool)].MoveHeld(m.src, m.dst).ok()) std::abort();  // checked
+    BlockPool& bp = pools[static_cast<size_t>(m.pool)];
+    const bool held = bp.ref_count(m.src) > 0;
+    cached_moved_ += held ? 0 : 1;
+    const Status moved = held ? bp.MoveHeld(m.src, m.dst) : bp.MoveCached(m.src, m.dst);
+    if (!moved.ok()) std::abort();  // checked
   }
   for (int32_t slab : plan.slabs) {
     const auto owner = static_cast<size_t>(owner_[static_cast<size_t>(slab)]);
@@ -567,6 +600,7 @@ ArenaUsage SlabArena::Usage(std::span<const BlockPool> pools) const {
   u.slabs_reclaimed = reclaimed_;
   u.slabs_compacted = compacted_;
   u.pages_moved = moved_;
+  u.cached_pages_moved = cached_moved_;
   u.classes.resize(pools.size());
   for (size_t p = 0; p < pools.size(); ++p) {
     const BlockPool& bp = pools[p];

@@ -127,6 +127,7 @@ Status HkvDriven::BeginStep() {
   ++report_.compactions;
   report_.pages_moved += static_cast<int64_t>(r.moves.size());
   report_.slabs_compacted += static_cast<int64_t>(r.slabs.size());
+  report_.cached_pages_moved = manager_.Arena().cached_pages_moved;  // the arena counts them
   return Status::Ok();
 }
 

@@ -247,7 +247,7 @@ std::vector<std::vector<int64_t>> RecurrentRunsExact(
       VerifyOptions o;
       o.seed = seed;
       o.prompt_checkpoints = false;
-      if (memory_share < 1 && memory == 0) {
+      if (memory_share != 1 && memory == 0) {
         memory = static_cast<int64_t>(
             static_cast<double>(RunVerify(*real, o).value().memory_bytes) * memory_share);
       }
@@ -362,6 +362,30 @@ TEST(Engine, RecomputedPrefixesTakeTheirKeysOverAndStayExact) {
     EXPECT_GT(sums[m][0], 0) << "model " << m;
     EXPECT_GT(sums[m][1], 0) << "model " << m;
   }
+}
+
+// Compaction for one class (CompactionDue, KvCacheManager::CompactFor) drops only cache older than
+// what that class would evict and moves the younger cached pages of the slabs it empties; token
+// classes mostly caching take slabs from the states the same way. The engine copies every moved
+// page, and requests later hit the moved pages: every logit equals dense.
+TEST(Engine, CompactionMovesYoungerCacheAndStaysExact) {
+  // Twice the default budget: token pages mostly cache (at the default, running requests hold
+  // most of them and only the states compact for their cache).
+  const std::vector<std::vector<int64_t>> sums = RecurrentRunsExact(
+      6, 2.0,
+      {&EngineCounters::cached_pages_moved, &EngineCounters::compactions_for_cache,
+       &EngineCounters::compactions_for_states, &EngineCounters::prefix_hit_tokens});
+  int64_t cached = 0, for_cache = 0, for_states = 0;
+  for (size_t m = 0; m < sums.size(); ++m) {
+    cached += sums[m][0];
+    for_cache += sums[m][1];
+    for_states += sums[m][2];
+    EXPECT_GT(sums[m][3], 0) << "model " << m;
+    RecordProperty("cached_pages_moved_" + std::to_string(m), std::to_string(sums[m][0]));
+  }
+  EXPECT_GT(cached, 0);
+  EXPECT_GT(for_cache, 0);
+  EXPECT_GT(for_states, 0);
 }
 
 // Shared prefixes kept longer (ManagerConfig::branch_bonus): the prefixes requests branched from,

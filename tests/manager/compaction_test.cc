@@ -10,6 +10,8 @@
 
 #include <gtest/gtest.h>
 
+#include <hkv/manager/compaction_policy.h>
+
 #include "fake_engine.h"
 #include "manager_test_util.h"
 
@@ -210,6 +212,82 @@ TEST(CompactTest, CompactForOnlyServesAClassThatWouldEvictCache) {
   ASSERT_TRUE(plain.ok()) << plain.status().ToString();
   EXPECT_FALSE(plain->slabs.empty());
   run.ExpectClean();
+}
+
+// CompactionDue for token pages that mostly cache. Request 9 ends first; four requests then fill
+// two token slabs (evicting 9's token pages) and two state slabs (four states to a slab), and two
+// of them end. Half the token pages are free and all cache something, so the next token page
+// would evict; the states have free pages beside the running ones, some caching nothing (the
+// state class evicts nothing), and 9's final state is older than every cached token page. The
+// token class is due; the cheapest state slab is emptied for it, its running state moved onto
+// 9's (the only cache older than what the tokens would evict), and the running requests go on
+// reading their states where compaction put them. With the token pages mostly held it is not.
+TEST(CompactTest, TokenPagesMostlyCachingTakeAStateSlab) {
+  ManagerConfig config = TwoLevel(4, 4, 4, true);
+  config.prompt_checkpoints = false;  // states only where requests end (and branch)
+  Result<KvCacheManager> made = KvCacheManager::Create(config);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  KvCacheManager& m = *made;
+  Scenario run(m);
+  run.Add(9, Seq(8, 9000));
+  run.Prefill(9);
+  ASSERT_TRUE(run.e().Free(9).ok());
+  for (RequestId id = 1; id <= 4; ++id) {
+    run.Add(id, Seq(8, static_cast<int32_t>(1000 * id)));
+    run.Prefill(id);
+  }
+  ASSERT_EQ(m.Arena().unassigned_slabs, 0);
+  std::vector<int64_t> limits;
+  int32_t for_pool = -2;
+  EXPECT_FALSE(CompactionDue(m, false, limits, for_pool));  // no token page free yet
+  ASSERT_TRUE(run.e().Free(1).ok());
+  ASSERT_TRUE(run.e().Free(3).ok());
+  const PoolUsage tokens = m.Usage(0), states = m.Usage(1);
+  ASSERT_EQ(tokens.num_free, tokens.num_free_cached);
+  ASSERT_GE(tokens.num_free, kCacheShareForSlabs * tokens.num_blocks);
+  ASSERT_GT(states.num_free, states.num_free_cached);  // the states evict nothing yet
+  ASSERT_GE(states.num_free_in_held_slabs, 4);
+
+  ASSERT_TRUE(CompactionDue(m, false, limits, for_pool));
+  EXPECT_EQ(for_pool, 0);
+  EXPECT_EQ(limits, (std::vector<int64_t>{0, 4}));
+  Result<CompactionResult> c = run.e().CompactFor(for_pool, limits);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_FALSE(run.e().failed()) << run.e().Report();
+  ASSERT_EQ(c->slabs.size(), 1u);
+  for (const PageMove& mv : c->moves)
+    EXPECT_EQ(mv.pool, 1);
+  EXPECT_EQ(m.Usage(0).num_blocks, tokens.num_blocks + 4);  // the emptied slab went to the tokens
+  EXPECT_EQ(m.Usage(1).num_blocks, states.num_blocks - 4);
+
+  // The running requests decode into the new token pages, reading their states where compaction
+  // put them (the FakeEngine checks every read against what was written).
+  for (RequestId id : {2, 4})
+    run.Decode(id, 4);
+  run.ExpectClean();
+
+  // The same with only request 1 ended: a quarter of the token pages free, all caching. The token
+  // class would evict, but most of its memory serves running requests: not due.
+  Result<KvCacheManager> busy_made = KvCacheManager::Create(config);
+  ASSERT_TRUE(busy_made.ok()) << busy_made.status().ToString();
+  KvCacheManager& busy = *busy_made;
+  Scenario busy_run(busy);
+  busy_run.Add(9, Seq(8, 9000));
+  busy_run.Prefill(9);
+  ASSERT_TRUE(busy_run.e().Free(9).ok());
+  for (RequestId id = 1; id <= 4; ++id) {
+    busy_run.Add(id, Seq(8, static_cast<int32_t>(1000 * id)));
+    busy_run.Prefill(id);
+  }
+  ASSERT_TRUE(busy_run.e().Free(1).ok());
+  const PoolUsage held_tokens = busy.Usage(0);
+  ASSERT_EQ(held_tokens.num_free, held_tokens.num_free_cached);
+  ASSERT_GT(held_tokens.num_free, 0);
+  ASSERT_LT(held_tokens.num_free, kCacheShareForSlabs * held_tokens.num_blocks);
+  ASSERT_GT(busy.Usage(1).num_free, busy.Usage(1).num_free_cached);
+  EXPECT_FALSE(CompactionDue(busy, false, limits, for_pool));
+  EXPECT_EQ(for_pool, -1);
+  busy_run.ExpectClean();
 }
 
 TEST(CompactTest, SharedPagesAndStatesFollowTheirMoves) {

@@ -201,6 +201,182 @@ TEST(MoveHeldTest, RejectsBadInputAndChangesNothing) {
   }
 }
 
+// A free cached page's identity, share level, continuations and place in the eviction order go
+// to another free page; the source is worthless afterwards, at the head of the free list.
+TEST(MoveCachedTest, HandsIdentityAndQueuePlaceToTheFreeBlock) {
+  Memory m(2, {4});
+  ASSERT_TRUE(m.Take({8}).ok());
+  BlockPool& p = m.pools[0];
+  for (int32_t b : {2, 3, 6})
+    ASSERT_TRUE(p.Publish(b, Key(b)).ok());
+  ASSERT_TRUE(p.MarkShared(2, 3).ok());
+  ASSERT_TRUE(p.AddContinuation(2, 11).ok());
+  ASSERT_TRUE(p.AddContinuation(2, 12).ok());
+  // Pages 1 and 5 stay held, one in each slab.
+  m.Drop(0, [&](size_t i) { return m.held[0][i] == 6; });
+  m.Drop(0, [&](size_t i) { return m.held[0][i] == 2; });
+  m.Drop(0, [&](size_t i) { return m.held[0][i] == 3; });
+  m.Drop(0, [&](size_t i) { return m.held[0][i] == 7; });
+  const std::vector<int32_t> before = p.FreeListOrder();
+  const uint64_t tick = p.free_tick(2);
+  (void)p.TakeEvents();
+
+  ASSERT_TRUE(p.MoveCached(2, 7).ok());
+  m.Check();
+  EXPECT_EQ(p.Find(Key(2)), 7);
+  EXPECT_FALSE(p.has_identity(2));
+  EXPECT_EQ(p.free_tick(7), tick);
+  EXPECT_EQ(p.share_level(7), 3);
+  EXPECT_EQ(p.continuations(7), 2);
+  std::vector<int32_t> want = {2};
+  for (int32_t b : before) {
+    if (b != 7) want.push_back(b == 2 ? 7 : b);
+  }
+  EXPECT_EQ(p.FreeListOrder(), want);
+  std::vector<KvEvent> events = p.TakeEvents();
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[0].kind, KvEvent::Kind::kRemoved);
+  EXPECT_EQ(events[0].block, 2);
+  EXPECT_EQ(events[1].kind, KvEvent::Kind::kStored);
+  EXPECT_EQ(events[1].block, 7);
+  EXPECT_EQ(events[1].key, Key(2));
+
+  // A destination that caches something loses it first; the moved key is evicted when the
+  // source's would have been: after everything freed before it.
+  ASSERT_TRUE(p.MoveCached(3, 6).ok());
+  m.Check();
+  EXPECT_EQ(p.Find(Key(6)), -1);
+  EXPECT_EQ(p.Find(Key(3)), 6);
+  events = p.TakeEvents();
+  ASSERT_EQ(events.size(), 3u);
+  EXPECT_EQ(events[0].kind, KvEvent::Kind::kRemoved);
+  EXPECT_EQ(events[0].key, Key(6));
+  EXPECT_EQ(events[1].kind, KvEvent::Kind::kRemoved);
+  EXPECT_EQ(events[1].key, Key(3));
+  EXPECT_EQ(events[2].key, Key(3));
+  std::vector<int32_t> got;
+  ASSERT_TRUE(p.Allocate(p.num_free() - 1, got).ok());
+  EXPECT_EQ(p.FreeListOrder(), std::vector<int32_t>{6});  // key 3 was freed last
+  EXPECT_EQ(p.Find(Key(3)), 6);
+  m.Check();
+}
+
+TEST(MoveCachedTest, RejectsBadInputAndChangesNothing) {
+  Memory m(3, {4});
+  ASSERT_TRUE(m.Take({8}).ok());  // slabs 0 and 1 full; slab 2 is not the pool's
+  BlockPool& p = m.pools[0];
+  for (int32_t b : {2, 3, 5})
+    ASSERT_TRUE(p.Publish(b, Key(b)).ok());
+  // Slab 1 (pages 5-8) empties: its cached page 5 and free page 6 lie in a slab holding nothing.
+  m.Drop(0, [&](size_t i) { return m.held[0][i] >= 5 || m.held[0][i] == 2 || m.held[0][i] == 4; });
+  const int32_t cached = 2, uncached = 4, held = 3, idle_cached = 5, idle_free = 6;
+  const int32_t dormant = 2 * 4 + 1;
+  ASSERT_EQ(p.segment_held(1), 0);
+  (void)p.TakeEvents();
+  const PoolState before(p);
+  struct Case {
+    int32_t src, dst;
+    StatusCode code;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {0, uncached, StatusCode::kInvalidArgument, "the null block"},
+      {cached, p.num_blocks(), StatusCode::kInvalidArgument, "out of range"},
+      {cached, cached, StatusCode::kInvalidArgument, "both source and destination"},
+      {held, uncached, StatusCode::kFailedPrecondition, "is held"},
+      {uncached, cached, StatusCode::kFailedPrecondition, "free without identity"},
+      {dormant, uncached, StatusCode::kFailedPrecondition, "dormant"},
+      {cached, held, StatusCode::kFailedPrecondition, "is held"},
+      {cached, dormant, StatusCode::kFailedPrecondition, "does not own"},
+      {idle_cached, uncached, StatusCode::kFailedPrecondition, "which holds no block"},
+      {cached, idle_free, StatusCode::kFailedPrecondition, "which holds no block"},
+  };
+  for (const Case& c : cases) {
+    const Status s = p.MoveCached(c.src, c.dst);
+    EXPECT_EQ(s.code(), c.code) << c.src << " -> " << c.dst << ": " << s.ToString();
+    EXPECT_NE(s.message().find(c.says), std::string::npos) << s.message();
+    EXPECT_TRUE(PoolState(p) == before) << c.src << " -> " << c.dst;
+    EXPECT_TRUE(p.TakeEvents().empty());
+    m.Check();
+  }
+}
+
+// A compaction for another class drops only cache older than what that class would evict; the
+// younger cached pages of the slabs it empties move with their held pages, keeping their keys and
+// their place in the eviction order, so the cheapest slab to empty may cache young pages.
+TEST(CompactionTest, OlderThanMovesTheYoungerCacheOfTheSlabsItEmpties) {
+  Memory m(4, {4, 1});
+  ASSERT_TRUE(m.Take({12, 1}).ok());  // class 0 in slabs 0-2 (pages 1-12), class 1 in slab 3
+  for (int32_t b : {2, 8, 12})
+    ASSERT_TRUE(m.pools[0].Publish(b, Key(b)).ok());
+  const int32_t state = m.held[1][0];
+  ASSERT_TRUE(m.pools[1].Publish(state, Key(100, 1)).ok());
+  const auto free = [&](size_t p, std::vector<int32_t> blocks) {
+    ASSERT_TRUE(m.pools[p].Free(blocks).ok());
+    for (int32_t b : blocks)
+      std::erase(m.held[p], b);
+  };
+  // Slab 0 holds page 1, caches young page 2 and has 3 and 4 free; slabs 1 and 2 hold three
+  // pages each and cache one old page (8, 12), freed before the state, page 2 after it.
+  free(0, {8, 12});
+  free(1, {state});
+  free(0, {2, 3, 4});
+  const uint64_t t = m.pools[1].free_tick(state);
+  const uint64_t young_tick = m.pools[0].free_tick(2);
+  ASSERT_GT(young_tick, t);
+
+  // A full compaction empties slab 0 too, moving page 1 and dropping young page 2.
+  CompactionPlan full;
+  ASSERT_TRUE(m.arena.PlanCompaction(m.pools, 0, 10, full).ok());
+  ASSERT_EQ(full.slabs, std::vector<int32_t>{0});
+  ASSERT_EQ(full.moves.size(), 1u);
+  EXPECT_EQ(full.moves[0].src, 1);
+
+  // Bounded by the state's age, slab 0 costs two moves (1 and young 2) into the old pages 8 and
+  // 12, oldest first; the young page moves before the held one.
+  CompactionPlan plan;
+  ASSERT_TRUE(m.arena.PlanCompaction(m.pools, 0, 10, plan, t).ok());
+  ASSERT_EQ(plan.slabs, std::vector<int32_t>{0});
+  ASSERT_EQ(plan.moves.size(), 2u);
+  EXPECT_EQ(plan.moves[0].src, 2);
+  EXPECT_EQ(plan.moves[0].dst, 8);
+  EXPECT_EQ(plan.moves[1].src, 1);
+  EXPECT_EQ(plan.moves[1].dst, 12);
+
+  // Bad plans: a cached page moved after its slab's held pages, an uncached free source.
+  const auto with = [&](std::vector<PageMove> moves) {
+    CompactionPlan p;
+    p.moves = std::move(moves);
+    p.slabs = {0};
+    return p;
+  };
+  const PoolState before(m.pools[0]);
+  const std::vector<std::pair<CompactionPlan, std::string>> bad = {
+      {with({{0, 1, 12}, {0, 2, 8}}), "moves after every held page of slab 0"},
+      {with({{0, 3, 8}, {0, 1, 12}}), "caches nothing"},
+  };
+  for (const auto& [p, says] : bad) {
+    const Status s = m.arena.Compact(m.pools, p, 1);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << says;
+    EXPECT_NE(s.message().find(says), std::string::npos) << s.message();
+    EXPECT_TRUE(PoolState(m.pools[0]) == before) << says;
+    m.Check();
+  }
+
+  ASSERT_TRUE(m.arena.Compact(m.pools, plan, 1).ok());
+  m.Check();
+  EXPECT_EQ(m.arena.owner(0), 1);
+  EXPECT_EQ(m.pools[0].Find(Key(2)), 8);  // kept, on its new page
+  EXPECT_EQ(m.pools[0].free_tick(8), young_tick);
+  EXPECT_EQ(m.pools[0].Find(Key(8)), -1);  // the old cache made room
+  EXPECT_EQ(m.pools[0].Find(Key(12)), -1);
+  EXPECT_EQ(m.pools[0].ref_count(12), 1);
+  EXPECT_EQ(m.pools[1].Find(Key(100, 1)), state);
+  const ArenaUsage u = m.arena.Usage(m.pools);
+  EXPECT_EQ(u.pages_moved, 2);
+  EXPECT_EQ(u.cached_pages_moved, 1);
+}
+
 // Class 0 holds every other page of the whole arena: half its memory is stranded and class 1,
 // whose page is a whole slab, is refused. Compaction empties half the slabs into the other
 // half's free pages and class 1 gets them.
@@ -525,6 +701,88 @@ TEST(CompactionTest, RandomOperationsKeepInvariantsAndBoundStranding) {
   RecordProperty("max_stranded_with_compaction", static_cast<int>(worst[1]));
   RecordProperty("refused_without_compaction", static_cast<int>(refused[0]));
   RecordProperty("refused_with_compaction", static_cast<int>(refused[1]));
+}
+
+// Random allocation, frees and publication over two classes, with compactions that drop only
+// cache older than a random tick: every page cached at or after that tick keeps its key, its tick
+// and its place among the others in the eviction order, and the invariants hold after every call.
+TEST(CompactionTest, RandomBoundedCompactionsKeepEveryYoungerCachedPage) {
+  const std::vector<int32_t> per = {6, 1};
+  Memory m(30, per);
+  std::mt19937_64 rng(31);
+  uint64_t next_key = 0;
+  int64_t compactions = 0, cached_moves = 0;
+  for (int step = 0; step < 6000; ++step) {
+    const size_t p = rng() % per.size();
+    const int op = static_cast<int>(rng() % 10);
+    if (op < 5) {
+      std::vector<int64_t> need(per.size(), 0);
+      need[p] = 1 + static_cast<int64_t>(rng() % (p == 0 ? 8 : 2));
+      const size_t before = m.held[p].size();
+      const Status s = m.Take(need);
+      if (!s.ok()) {
+        ASSERT_EQ(s.code(), StatusCode::kResourceExhausted) << s.message();
+      } else {
+        for (size_t i = before; i < m.held[p].size(); ++i) {
+          if (rng() % 4 != 0) {
+            ASSERT_TRUE(
+                m.pools[p].Publish(m.held[p][i], Key(++next_key, static_cast<int32_t>(p))).ok());
+          }
+        }
+      }
+    } else if (op < 8 && !m.held[p].empty()) {
+      m.Drop(p, [&](size_t) { return rng() % 3 == 0; });
+    } else {
+      // A bound between the oldest and the newest cached page of class 0.
+      const BlockPool& bp = m.pools[0];
+      std::vector<uint64_t> ticks;
+      for (int32_t b = bp.NextFree(-1); b >= 0; b = bp.NextFree(b)) {
+        if (bp.has_identity(b) && bp.free_tick(b) != 0) ticks.push_back(bp.free_tick(b));
+      }
+      if (ticks.empty()) continue;
+      std::sort(ticks.begin(), ticks.end());
+      const uint64_t bound = ticks[rng() % ticks.size()];
+      std::vector<std::pair<PrefixKey, uint64_t>> young;  // in eviction order
+      for (int32_t b : bp.FreeListOrder()) {
+        if (bp.has_identity(b) && bp.free_tick(b) >= bound)
+          young.emplace_back(bp.identity(b), bp.free_tick(b));
+      }
+      CompactionPlan plan;
+      ASSERT_TRUE(
+          m.arena.PlanCompaction(m.pools, 0, 1 + static_cast<int64_t>(rng() % 3), plan, bound)
+              .ok());
+      ASSERT_TRUE(m.arena.Compact(m.pools, plan, 1).ok()) << "step " << step;
+      std::map<int32_t, int32_t> to;
+      for (const PageMove& mv : plan.moves)
+        to[mv.src] = mv.dst;
+      for (int32_t& b : m.held[0]) {
+        if (to.count(b) != 0) b = to[b];
+      }
+      const int64_t before = cached_moves;
+      cached_moves = m.arena.Usage(m.pools).cached_pages_moved;
+      compactions += plan.slabs.empty() ? 0 : 1;
+      std::vector<std::pair<PrefixKey, uint64_t>> after;
+      for (int32_t b : bp.FreeListOrder()) {
+        if (bp.has_identity(b) && bp.free_tick(b) >= bound)
+          after.emplace_back(bp.identity(b), bp.free_tick(b));
+      }
+      ASSERT_EQ(after.size(), young.size())
+          << "step " << step << ", " << cached_moves - before << " cached pages moved";
+      for (size_t i = 0; i < young.size(); ++i) {
+        ASSERT_TRUE(after[i].first == young[i].first) << "step " << step << " entry " << i;
+        ASSERT_EQ(after[i].second, young[i].second) << "step " << step << " entry " << i;
+      }
+    }
+    m.Check();
+    for (size_t q = 0; q < per.size(); ++q) {
+      for (int32_t b : m.held[q])
+        ASSERT_GT(m.pools[q].ref_count(b), 0) << "class " << q << " page " << b;
+    }
+  }
+  EXPECT_GT(compactions, 0);
+  EXPECT_GT(cached_moves, 0);
+  RecordProperty("compactions", static_cast<int>(compactions));
+  RecordProperty("cached_pages_moved", static_cast<int>(cached_moves));
 }
 
 }  // namespace

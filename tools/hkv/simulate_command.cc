@@ -121,7 +121,8 @@ nlohmann::json RunJson(const Run& run, bool with_timings) {
   j["scheduled_tokens"] = r.scheduled_tokens;
   j["compaction"] = {{"compactions", r.compactions},
                      {"pages_moved", r.pages_moved},
-                     {"slabs_compacted", r.slabs_compacted}};
+                     {"slabs_compacted", r.slabs_compacted},
+                     {"cached_pages_moved", r.cached_pages_moved}};
   if (!run.mode) {
     j["block_id_digest"] = r.block_id_digest;
   } else {

@@ -167,6 +167,11 @@ struct EngineCounters {
   // Those of them made for a class of recurrent states (KvCacheManager::CompactFor): the emptied
   // slabs went to the states instead of the shared memory.
   int64_t compactions_for_states = 0;
+  // Those made for another class, mostly caching, that would evict (token pages; the emptied
+  // slabs went to it), and the free cached pages compactions made for one class moved, so that
+  // their slabs could be emptied without dropping younger cache (ArenaUsage::cached_pages_moved).
+  int64_t compactions_for_cache = 0;
+  int64_t cached_pages_moved = 0;
   // Sparse KV: Evict calls, the slots they dropped (summed over groups), the blocks they took
   // out of requests' tables (returned to the pool unless a forked sibling still holds them),
   // and evictions deferred for want of private blocks.

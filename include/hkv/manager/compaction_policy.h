@@ -16,8 +16,16 @@
 //   page (all its free pages cache something) and no slab is unassigned: every other class
 //   with a slab's worth free inside its held slabs, with `for_pool` set to that class. The driver
 //   then calls KvCacheManager::CompactFor(for_pool, limits), which drops only cache older than the
-//   state that would be evicted and gives the emptied slabs to it (for_pool is -1 otherwise, and
-//   the driver calls Compact(limits)).
+//   page that would be evicted (moving the younger cached pages of the slabs it empties with
+//   their held ones) and gives the emptied slabs to it (for_pool is -1 otherwise, and the driver
+//   calls Compact(limits)).
+// - the same for another class (attention pages) that would evict a cached page while at least
+//   kCacheShareForSlabs of its pages are free: memory it mostly spends on cache, not on running
+//   requests. Without the share, slabs a class of states holds after a peak of running requests
+//   (one live state each, scattered over its slabs) stay its own for good, caching states whose
+//   attention prefixes the token class had to evict; with a class mostly held (an overload),
+//   taking slabs from the states only makes them take slabs back (docs/manager.md, "Compaction
+//   policy", measures it).
 // Stranded pages alone are no reason: their class reuses them before it takes a slab, and
 // emptying slabs for them drops cached pages (on Jamba, whose 4 states share a slab, the
 // checkpoints). Without two-level memory nothing is ever due. Reads only; O(pools) calls of
@@ -30,6 +38,10 @@
 #include <hkv/manager/kv_cache_manager.h>
 
 namespace hkv {
+
+// The share of its pages a class other than recurrent states must have free (all cached) before
+// it takes slabs from other classes for its cache.
+inline constexpr double kCacheShareForSlabs = 0.4;
 
 bool CompactionDue(const KvCacheManager& manager, bool refused, std::vector<int64_t>& limits,
                    int32_t& for_pool);

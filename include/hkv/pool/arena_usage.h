@@ -26,7 +26,10 @@ struct ArenaUsage {
   int64_t slabs_carved = 0;     // slabs given to a class from the unassigned ones, ever
   int64_t slabs_reclaimed = 0;  // slabs moved from one class to another, ever
   int64_t slabs_compacted = 0;  // slabs emptied by compaction and returned, ever
-  int64_t pages_moved = 0;      // held pages compaction moved, ever
+  int64_t pages_moved = 0;      // pages compaction moved, ever (held and cached)
+  // Of them, free pages moved for what they cache (compaction that drops only older cache moves
+  // the younger cached pages of the slabs it empties).
+  int64_t cached_pages_moved = 0;
   std::vector<ArenaClassUsage> classes;
 };
 

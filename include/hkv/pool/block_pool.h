@@ -24,7 +24,8 @@
 //   arena share, so their ages compare across pools.
 // - MoveHeld(src, dst) hands a held block's references and prefix identity to a free block, for
 //   compaction: afterwards the caller must hold dst wherever it held src, and the contents must be
-//   copied by whoever owns the memory. The prefix index then maps the key to dst.
+//   copied by whoever owns the memory. The prefix index then maps the key to dst. MoveCached does
+//   the same for a free cached block, which keeps its place in the eviction order.
 // - With an eviction rank (set_eviction_rank), blocks freed to the tail queue by rank instead of
 //   by time (eviction_rank.h): ticks are then ranks, the free list stays sorted by them, and an
 //   empty segment's tick is the highest rank it caches, so the arena compares worth, not age.
@@ -159,6 +160,13 @@ class BlockPool {
   // the head of the free list. Fails, changing nothing, unless both are real blocks of owned
   // segments, src is held, dst is free and they differ.
   Status MoveHeld(int32_t src, int32_t dst);
+  // Compaction: free block `dst` takes free cached block `src`'s prefix identity and its place in
+  // the free list (same tick, share level and continuations), so what it caches is evicted exactly
+  // when it would have been; events and the dropped-key log as MoveHeld. src becomes free and
+  // uncached, at the head of the free list. Fails, changing nothing, unless both are real blocks,
+  // src is free with an identity, dst is free, they differ and each one's segment holds a block
+  // (segments in use keep their place in the segment lists whatever they cache).
+  Status MoveCached(int32_t src, int32_t dst);
 
   // Segments. AddSegment makes an unowned segment's blocks free and uncached, at the head of the
   // free list (the next Allocate takes them before anything cached). RemoveSegment gives up an

@@ -39,9 +39,11 @@
 //   page): PlanCompaction picks slabs of one class to empty, fewest held pages first, and a free
 //   page of the same class for each of their held pages, in the class's other partly held slabs
 //   (uncached pages first, then the oldest cached), never in a slab being emptied; a slab is
-//   picked only if all its held pages can move. Compact validates a plan, then moves the pages
-//   (BlockPool::MoveHeld), drops what the emptied slabs still cache and returns them to the
-//   unassigned slabs. Whoever holds the pages' ids must rewrite them, and whoever owns the
+//   picked only if all its held pages can move. A compaction bounded by an age (for a class that
+//   would evict a page that old) moves the younger cached pages of the slabs it empties too
+//   (BlockPool::MoveCached), so it drops only older cache. Compact validates a plan, then moves
+//   the pages (BlockPool::MoveHeld), drops what the emptied slabs still cache and returns them to
+//   the unassigned slabs. Whoever holds the pages' ids must rewrite them, and whoever owns the
 //   memory must copy each page src -> dst before it is read again. Planning with no limit on
 //   slabs leaves a class fewer than pages_per_slab free pages in slabs holding its pages, so
 //   fewer than one slab's worth stranded.
@@ -96,14 +98,18 @@ class SlabArena {
 
   // Appends to `plan` up to max_slabs (>= 0) slabs of class `pool` to empty and the moves that
   // empty them; nothing when no slab can be emptied. Changes no pool. `older_than`: drop no
-  // cache freed at or after that tick — only slabs whose free cached pages were all freed before
-  // it are emptied, and only uncached pages or cached ones freed before it receive the moves (a
-  // compaction for a class that would otherwise evict a page of that age; by default, any).
+  // cache freed at or after that tick (a compaction for a class that would otherwise evict a page
+  // of that age; by default, any): the free pages caching something that young move with the
+  // slab's held pages (listed before them: BlockPool::MoveCached keeps their identity and place
+  // in the eviction order), the slabs with the fewest pages to move are emptied first, and only
+  // uncached pages or cached ones freed before it receive the moves.
   Status PlanCompaction(std::span<const BlockPool> pools, int32_t pool, int64_t max_slabs,
                         CompactionPlan& plan, uint64_t older_than = UINT64_MAX);
   // Performs a plan: every slab listed is owned, listed once and has exactly its held pages
-  // moved; every move goes from a held page of a listed slab to a free page of the same pool
-  // outside them, no page twice. kInvalidArgument (nothing changed) otherwise. The emptied slabs
+  // moved, and maybe free cached pages (each before the last held page of its slab moves, into a
+  // slab that holds a page); every move goes from a held or cached page of a listed slab to a
+  // free page of the same pool outside them, no page twice. kInvalidArgument (nothing changed)
+  // otherwise. The emptied slabs
   // go to class `to_pool` (its pages free and uncached) when one is given (>= 0, a valid class),
   // else back to the unassigned slabs.
   Status Compact(std::span<BlockPool> pools, const CompactionPlan& plan, int32_t to_pool = -1);
@@ -141,7 +147,7 @@ class SlabArena {
 
   std::vector<int32_t> pages_per_slab_;
   std::vector<uint8_t> states_;  // per class: 1 where its pages are recurrent states
-  int64_t carved_ = 0, reclaimed_ = 0, compacted_ = 0, moved_ = 0;
+  int64_t carved_ = 0, reclaimed_ = 0, compacted_ = 0, moved_ = 0, cached_moved_ = 0;
   std::vector<int32_t> owner_;
   std::vector<int32_t> unassigned_;  // a stack; capacity num_slabs, so pushes never allocate
   std::vector<uint8_t> kept_;        // per slab, during Reserve: holds a block in `keep`

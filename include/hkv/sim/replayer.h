@@ -106,8 +106,9 @@ struct ReplayReport {
   // states at its own chunk boundaries.
   int64_t state_splits = 0, max_step_state_splits = 0, max_request_state_splits = 0;
   // Two-level memory (ReplayOptions::compact): compactions, the pages they moved (each a copy of
-  // one page of its class for the engine) and the slabs they gave back.
-  int64_t compactions = 0, pages_moved = 0, slabs_compacted = 0;
+  // one page of its class for the engine), the slabs they gave back, and of the pages moved the
+  // free ones moved for what they cache.
+  int64_t compactions = 0, pages_moved = 0, slabs_compacted = 0, cached_pages_moved = 0;
   std::vector<double> manager_us;       // per step
   std::vector<ReplayStep> log;          // when record_steps
   std::vector<RequestRecord> requests;  // when record_requests, in trace order
