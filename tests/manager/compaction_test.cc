@@ -228,14 +228,18 @@ TEST(CompactTest, TokenPagesMostlyCachingTakeAStateSlab) {
   Result<KvCacheManager> made = KvCacheManager::Create(config);
   ASSERT_TRUE(made.ok()) << made.status().ToString();
   KvCacheManager& m = *made;
+  // Request 9 runs and ends, then 1-4 run.
+  const auto fill = [](Scenario& r) {
+    r.Add(9, Seq(8, 9000));
+    r.Prefill(9);
+    ASSERT_TRUE(r.e().Free(9).ok());
+    for (RequestId id = 1; id <= 4; ++id) {
+      r.Add(id, Seq(8, static_cast<int32_t>(1000 * id)));
+      r.Prefill(id);
+    }
+  };
   Scenario run(m);
-  run.Add(9, Seq(8, 9000));
-  run.Prefill(9);
-  ASSERT_TRUE(run.e().Free(9).ok());
-  for (RequestId id = 1; id <= 4; ++id) {
-    run.Add(id, Seq(8, static_cast<int32_t>(1000 * id)));
-    run.Prefill(id);
-  }
+  ASSERT_NO_FATAL_FAILURE(fill(run));
   ASSERT_EQ(m.Arena().unassigned_slabs, 0);
   std::vector<int64_t> limits;
   int32_t for_pool = -2;
@@ -272,13 +276,7 @@ TEST(CompactTest, TokenPagesMostlyCachingTakeAStateSlab) {
   ASSERT_TRUE(busy_made.ok()) << busy_made.status().ToString();
   KvCacheManager& busy = *busy_made;
   Scenario busy_run(busy);
-  busy_run.Add(9, Seq(8, 9000));
-  busy_run.Prefill(9);
-  ASSERT_TRUE(busy_run.e().Free(9).ok());
-  for (RequestId id = 1; id <= 4; ++id) {
-    busy_run.Add(id, Seq(8, static_cast<int32_t>(1000 * id)));
-    busy_run.Prefill(id);
-  }
+  ASSERT_NO_FATAL_FAILURE(fill(busy_run));
   ASSERT_TRUE(busy_run.e().Free(1).ok());
   const PoolUsage held_tokens = busy.Usage(0);
   ASSERT_EQ(held_tokens.num_free, held_tokens.num_free_cached);

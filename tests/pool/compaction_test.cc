@@ -164,6 +164,27 @@ TEST(MoveHeldTest, KeepsSegmentCountsAndListsRight) {
   EXPECT_EQ(p.Find(Key(9)), dst);
 }
 
+// A move refused: the code and message expected, and the pool left exactly as it was.
+struct MoveCase {
+  int32_t src, dst;
+  StatusCode code;
+  std::string says;
+};
+
+void ExpectRefused(Memory& m, BlockPool& p, Status (BlockPool::*move)(int32_t, int32_t),
+                   const std::vector<MoveCase>& cases) {
+  (void)p.TakeEvents();
+  const PoolState before(p);
+  for (const MoveCase& c : cases) {
+    const Status s = (p.*move)(c.src, c.dst);
+    EXPECT_EQ(s.code(), c.code) << c.src << " -> " << c.dst << ": " << s.ToString();
+    EXPECT_NE(s.message().find(c.says), std::string::npos) << s.message();
+    EXPECT_TRUE(PoolState(p) == before) << c.src << " -> " << c.dst;
+    EXPECT_TRUE(p.TakeEvents().empty());
+    m.Check();
+  }
+}
+
 TEST(MoveHeldTest, RejectsBadInputAndChangesNothing) {
   Memory m(3, {4});
   ASSERT_TRUE(m.Take({5}).ok());  // slabs 0 and 1; slab 2 is not the pool's
@@ -173,32 +194,19 @@ TEST(MoveHeldTest, RejectsBadInputAndChangesNothing) {
   const int32_t held = m.held[0][0], other = m.held[0][1];
   const int32_t free_block = p.FreeListOrder().front();
   const int32_t dormant = 2 * 4 + 1;  // first page of slab 2
-  (void)p.TakeEvents();
-  const PoolState before(p);
-  struct Case {
-    int32_t src, dst;
-    StatusCode code;
-    std::string says;
-  };
-  const std::vector<Case> cases = {
-      {0, free_block, StatusCode::kInvalidArgument, "the null block"},
-      {held, 0, StatusCode::kInvalidArgument, "the null block"},
-      {-1, free_block, StatusCode::kInvalidArgument, "out of range"},
-      {held, p.num_blocks(), StatusCode::kInvalidArgument, "out of range"},
-      {held, held, StatusCode::kInvalidArgument, "both source and destination"},
-      {free_block, other, StatusCode::kFailedPrecondition, "is free"},
-      {dormant, free_block, StatusCode::kFailedPrecondition, "does not own"},
-      {held, other, StatusCode::kFailedPrecondition, "is held"},
-      {held, dormant, StatusCode::kFailedPrecondition, "which this pool does not own"},
-  };
-  for (const Case& c : cases) {
-    const Status s = p.MoveHeld(c.src, c.dst);
-    EXPECT_EQ(s.code(), c.code) << c.src << " -> " << c.dst << ": " << s.ToString();
-    EXPECT_NE(s.message().find(c.says), std::string::npos) << s.message();
-    EXPECT_TRUE(PoolState(p) == before) << c.src << " -> " << c.dst;
-    EXPECT_TRUE(p.TakeEvents().empty());
-    m.Check();
-  }
+  ExpectRefused(
+      m, p, &BlockPool::MoveHeld,
+      {
+          {0, free_block, StatusCode::kInvalidArgument, "the null block"},
+          {held, 0, StatusCode::kInvalidArgument, "the null block"},
+          {-1, free_block, StatusCode::kInvalidArgument, "out of range"},
+          {held, p.num_blocks(), StatusCode::kInvalidArgument, "out of range"},
+          {held, held, StatusCode::kInvalidArgument, "both source and destination"},
+          {free_block, other, StatusCode::kFailedPrecondition, "is free"},
+          {dormant, free_block, StatusCode::kFailedPrecondition, "does not own"},
+          {held, other, StatusCode::kFailedPrecondition, "is held"},
+          {held, dormant, StatusCode::kFailedPrecondition, "which this pool does not own"},
+      });
 }
 
 // A free cached page's identity, share level, continuations and place in the eviction order go
@@ -272,33 +280,20 @@ TEST(MoveCachedTest, RejectsBadInputAndChangesNothing) {
   const int32_t cached = 2, uncached = 4, held = 3, idle_cached = 5, idle_free = 6;
   const int32_t dormant = 2 * 4 + 1;
   ASSERT_EQ(p.segment_held(1), 0);
-  (void)p.TakeEvents();
-  const PoolState before(p);
-  struct Case {
-    int32_t src, dst;
-    StatusCode code;
-    std::string says;
-  };
-  const std::vector<Case> cases = {
-      {0, uncached, StatusCode::kInvalidArgument, "the null block"},
-      {cached, p.num_blocks(), StatusCode::kInvalidArgument, "out of range"},
-      {cached, cached, StatusCode::kInvalidArgument, "both source and destination"},
-      {held, uncached, StatusCode::kFailedPrecondition, "is held"},
-      {uncached, cached, StatusCode::kFailedPrecondition, "free without identity"},
-      {dormant, uncached, StatusCode::kFailedPrecondition, "dormant"},
-      {cached, held, StatusCode::kFailedPrecondition, "is held"},
-      {cached, dormant, StatusCode::kFailedPrecondition, "does not own"},
-      {idle_cached, uncached, StatusCode::kFailedPrecondition, "which holds no block"},
-      {cached, idle_free, StatusCode::kFailedPrecondition, "which holds no block"},
-  };
-  for (const Case& c : cases) {
-    const Status s = p.MoveCached(c.src, c.dst);
-    EXPECT_EQ(s.code(), c.code) << c.src << " -> " << c.dst << ": " << s.ToString();
-    EXPECT_NE(s.message().find(c.says), std::string::npos) << s.message();
-    EXPECT_TRUE(PoolState(p) == before) << c.src << " -> " << c.dst;
-    EXPECT_TRUE(p.TakeEvents().empty());
-    m.Check();
-  }
+  ExpectRefused(
+      m, p, &BlockPool::MoveCached,
+      {
+          {0, uncached, StatusCode::kInvalidArgument, "the null block"},
+          {cached, p.num_blocks(), StatusCode::kInvalidArgument, "out of range"},
+          {cached, cached, StatusCode::kInvalidArgument, "both source and destination"},
+          {held, uncached, StatusCode::kFailedPrecondition, "is held"},
+          {uncached, cached, StatusCode::kFailedPrecondition, "free without identity"},
+          {dormant, uncached, StatusCode::kFailedPrecondition, "dormant"},
+          {cached, held, StatusCode::kFailedPrecondition, "is held"},
+          {cached, dormant, StatusCode::kFailedPrecondition, "does not own"},
+          {idle_cached, uncached, StatusCode::kFailedPrecondition, "which holds no block"},
+          {cached, idle_free, StatusCode::kFailedPrecondition, "which holds no block"},
+      });
 }
 
 // A compaction for another class drops only cache older than what that class would evict; the
