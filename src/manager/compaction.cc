@@ -74,6 +74,13 @@ Result<CompactionResult> KvCacheManager::Impl::Compact(std::span<const int64_t> 
   if (for_pool >= 0) {
     older_than = NextVictimTick(pools[static_cast<size_t>(for_pool)]);
     if (older_than == 0) return out;
+    if (!core.arena.is_state_class(static_cast<size_t>(for_pool))) {
+      // Token cache takes slabs only from cache kCacheAgeMargin times as old as its victim.
+      const uint64_t clock = pools[static_cast<size_t>(for_pool)].clock();
+      const uint64_t age = clock - older_than;
+      if (age > (clock - 1) / KvCacheManager::kCacheAgeMargin) return out;  // margin * age >= clock
+      older_than = clock - KvCacheManager::kCacheAgeMargin * age;
+    }
   }
   for (size_t p = 0; p < pools.size(); ++p) {
     if (max_slabs[p] == 0 || static_cast<int32_t>(p) == for_pool) continue;

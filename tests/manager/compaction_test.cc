@@ -214,25 +214,33 @@ TEST(CompactTest, CompactForOnlyServesAClassThatWouldEvictCache) {
   run.ExpectClean();
 }
 
-// CompactionDue for token pages that mostly cache. Request 9 ends first; four requests then fill
-// two token slabs (evicting 9's token pages) and two state slabs (four states to a slab), and two
+// CompactionDue for token pages that mostly cache. Requests 9, 7 and 8 end first; four requests
+// then fill two token slabs (evicting the first ones' token pages) and two state slabs (four
+// states to a slab), and two
 // of them end. Half the token pages are free and all cache something, so the next token page
 // would evict; the states have free pages beside the running ones, some caching nothing (the
 // state class evicts nothing), and 9's final state is older than every cached token page. The
 // token class is due; the cheapest state slab is emptied for it, its running state moved onto
 // 9's (the only cache older than what the tokens would evict), and the running requests go on
-// reading their states where compaction put them. With the token pages mostly held it is not.
+// reading their states where compaction put them. Without 7 and 8 ending first, 9's state is not
+// old enough for the margin; with the token pages mostly held the compaction is not due.
 TEST(CompactTest, TokenPagesMostlyCachingTakeAStateSlab) {
   ManagerConfig config = TwoLevel(4, 4, 4, true);
   config.prompt_checkpoints = false;  // states only where requests end (and branch)
   Result<KvCacheManager> made = KvCacheManager::Create(config);
   ASSERT_TRUE(made.ok()) << made.status().ToString();
   KvCacheManager& m = *made;
-  // Request 9 runs and ends, then 1-4 run.
-  const auto fill = [](Scenario& r) {
+  // Request 9 runs and ends, then 7 and 8 (whose ends age 9's state), then 1-4 run.
+  const auto fill = [](Scenario& r, bool age_nine = true) {
     r.Add(9, Seq(8, 9000));
     r.Prefill(9);
     ASSERT_TRUE(r.e().Free(9).ok());
+    for (RequestId id : {7, 8}) {
+      if (!age_nine) break;
+      r.Add(id, Seq(16, static_cast<int32_t>(1000 * id)));
+      r.Prefill(id);
+      ASSERT_TRUE(r.e().Free(id).ok());
+    }
     for (RequestId id = 1; id <= 4; ++id) {
       r.Add(id, Seq(8, static_cast<int32_t>(1000 * id)));
       r.Prefill(id);
@@ -269,6 +277,25 @@ TEST(CompactTest, TokenPagesMostlyCachingTakeAStateSlab) {
   for (RequestId id : {2, 4})
     run.Decode(id, 4);
   run.ExpectClean();
+
+  // Without 7 and 8, 9's state is older than the token page that would be evicted, but not
+  // KvCacheManager::kCacheAgeMargin times as old: the compaction is due and empties nothing, so
+  // near the balance of the two classes' ages no slab goes back and forth.
+  {
+    Result<KvCacheManager> near_made = KvCacheManager::Create(config);
+    ASSERT_TRUE(near_made.ok()) << near_made.status().ToString();
+    KvCacheManager& near = *near_made;
+    Scenario near_run(near);
+    ASSERT_NO_FATAL_FAILURE(fill(near_run, false));
+    ASSERT_TRUE(near_run.e().Free(1).ok());
+    ASSERT_TRUE(near_run.e().Free(3).ok());
+    ASSERT_TRUE(CompactionDue(near, false, limits, for_pool));
+    ASSERT_EQ(for_pool, 0);
+    Result<CompactionResult> none = near_run.e().CompactFor(for_pool, limits);
+    ASSERT_TRUE(none.ok()) << none.status().ToString();
+    EXPECT_TRUE(none->slabs.empty());
+    near_run.ExpectClean();
+  }
 
   // The same with only request 1 ended: a quarter of the token pages free, all caching. The token
   // class would evict, but most of its memory serves running requests: not due.

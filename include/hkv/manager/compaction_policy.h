@@ -21,11 +21,12 @@
 //   calls Compact(limits)).
 // - the same for another class (attention pages) that would evict a cached page while at least
 //   kCacheShareForSlabs of its pages are free: memory it mostly spends on cache, not on running
-//   requests. Without the share, slabs a class of states holds after a peak of running requests
-//   (one live state each, scattered over its slabs) stay its own for good, caching states whose
-//   attention prefixes the token class had to evict; with a class mostly held (an overload),
-//   taking slabs from the states only makes them take slabs back (docs/manager.md, "Compaction
-//   policy", measures it).
+//   requests. CompactFor then drops only cache KvCacheManager::kCacheAgeMargin times as old as
+//   the token page it spares. Without this rule, slabs a class of states holds after a peak of
+//   running requests (one live state each, scattered over its slabs) stay its own for good,
+//   caching states whose attention prefixes the token class had to evict; with a class mostly
+//   held (an overload), taking slabs from the states only makes them take slabs back
+//   (docs/manager.md, "Younger cache moves with its slab", measures it).
 // Stranded pages alone are no reason: their class reuses them before it takes a slab, and
 // emptying slabs for them drops cached pages (on Jamba, whose 4 states share a slab, the
 // checkpoints). Without two-level memory nothing is ever due. Reads only; O(pools) calls of

@@ -221,10 +221,15 @@ class KvCacheManager {
   // the emptied slabs and among the pages receiving the moves — was freed before T, and the
   // emptied slabs go to `pool` as free pages instead of back to the shared memory. So memory moves
   // to the class in the one age order eviction follows, though held pages of the other classes
-  // sit in every slab. `pool`'s own limit is ignored. An empty result when `pool` has an uncached
-  // free page, no free page, or its next victim is demoted (tick 0: nothing is older); errors as
-  // Compact, and kInvalidArgument for a bad pool.
+  // sit in every slab; younger cached pages of the emptied slabs move with their held pages. For a
+  // class of token pages (not recurrent states) the bound is stricter: only cache that has waited
+  // kCacheAgeMargin times as long as its victim (freed before clock - margin * (clock - T); none
+  // when that is not above 0) is dropped, so that near the balance of two classes' ages a slab does
+  // not go back and forth between them. `pool`'s own limit is ignored. An empty result when `pool`
+  // has an uncached free page, no free page, or its next victim is demoted (tick 0: nothing is
+  // older); errors as Compact, and kInvalidArgument for a bad pool.
   Result<CompactionResult> CompactFor(int32_t pool, std::span<const int64_t> max_slabs_per_class);
+  static constexpr uint64_t kCacheAgeMargin = 3;
 
   // Per-step views. They stay valid until the next mutating call.
   Result<StepInfo> Step(RequestId id) const;
