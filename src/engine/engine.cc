@@ -305,11 +305,8 @@ Status Engine::Impl::MaybeCompact() {
   counters_.pages_moved += static_cast<int64_t>(r.moves.size());
   counters_.slabs_compacted += static_cast<int64_t>(r.slabs.size());
   if (for_pool >= 0 && !r.slabs.empty()) {
-    const auto& groups = manager_->config().groups;
-    const bool states = std::any_of(groups.begin(), groups.end(), [&](const GroupConfig& g) {
-      return g.is_state() && g.pool == for_pool;
-    });
-    ++(states ? counters_.compactions_for_states : counters_.compactions_for_cache);
+    ++(manager_->config().pool_holds_states(for_pool) ? counters_.compactions_for_states
+                                                      : counters_.compactions_for_cache);
   }
   counters_.cached_pages_moved += manager_->Arena().cached_pages_moved - cached_before;
   return Status::Ok();

@@ -15,13 +15,8 @@ bool CompactionDue(const KvCacheManager& manager, bool refused, std::vector<int6
   bool whole_slab_pages = false;
   // The class whose next page evicts a cached one: a state class, else a class mostly caching
   // (kCacheShareForSlabs of its pages free).
-  int32_t evicting_states = -1;
+  int32_t evicting = -1;
   int32_t evicting_cache = -1;
-  const auto holds_states = [&](size_t c) {
-    for (const GroupConfig& gc : manager.config().groups)
-      if (gc.is_state() && static_cast<size_t>(gc.pool) == c) return true;
-    return false;
-  };
   int64_t owned_slabs = 0, empty_slabs = 0;
   bool due = false;
   int64_t roomiest = -1;  // the class with the most slabs' worth free inside its held slabs
@@ -31,8 +26,8 @@ bool CompactionDue(const KvCacheManager& manager, bool refused, std::vector<int6
     const int32_t per = arena.pages_per_slab[c];
     whole_slab_pages = whole_slab_pages || per == 1;
     if (u.num_free > 0 && u.num_free == u.num_free_cached) {
-      if (holds_states(c)) {
-        if (evicting_states < 0) evicting_states = static_cast<int32_t>(c);
+      if (manager.config().pool_holds_states(static_cast<int32_t>(c))) {
+        if (evicting < 0) evicting = static_cast<int32_t>(c);
       } else if (evicting_cache < 0 &&
                  u.num_free >= kCacheShareForSlabs * static_cast<double>(u.num_blocks)) {
         evicting_cache = static_cast<int32_t>(c);
@@ -56,18 +51,19 @@ bool CompactionDue(const KvCacheManager& manager, bool refused, std::vector<int6
     limits[static_cast<size_t>(roomiest)] = arena.num_slabs;
     due = true;
   }
-  if (evicting_states < 0) evicting_states = evicting_cache;
-  if (due || evicting_states < 0 || owned_slabs < arena.num_slabs) return due;
-  // Memory for the states, in the age order: every class with a slab's worth free inside its held
-  // slabs gives up the slabs whose cache is older than the state that would be evicted.
+  if (evicting < 0) evicting = evicting_cache;
+  if (due || evicting < 0 || owned_slabs < arena.num_slabs) return due;
+  // Memory for the evicting class, in the age order: every other class with a slab's worth free
+  // inside its held slabs gives up the slabs whose cache is older than the page that would be
+  // evicted (KvCacheManager::CompactFor).
   for (size_t c = 0; c < pools; ++c) {
     const PoolUsage u = manager.Usage(static_cast<int32_t>(c));
-    if (static_cast<int32_t>(c) == evicting_states) continue;
+    if (static_cast<int32_t>(c) == evicting) continue;
     if (u.num_free_in_held_slabs < arena.pages_per_slab[c]) continue;
     limits[c] = arena.num_slabs;
     due = true;
   }
-  if (due) for_pool = evicting_states;
+  if (due) for_pool = evicting;
   return due;
 }
 

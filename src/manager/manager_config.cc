@@ -278,6 +278,11 @@ Status ManagerConfig::Validate() const {
   return Status::Ok();
 }
 
+bool ManagerConfig::pool_holds_states(int32_t pool) const {
+  return std::any_of(groups.begin(), groups.end(),
+                     [&](const GroupConfig& g) { return g.is_state() && g.pool == pool; });
+}
+
 int32_t ManagerConfig::hash_tokens() const {
   int32_t gcd = 0;
   for (const GroupConfig& g : groups) {

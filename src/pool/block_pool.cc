@@ -486,19 +486,25 @@ Status BlockPool::Publish(int32_t block, const PrefixKey& key, const PublishOrig
     return Status::Ok();  // stored, or a held block with the key keeps it
   }
   if (holder != nullptr) *holder = old;
-  const size_t o = static_cast<size_t>(old);
-  const uint8_t share = share_[o], continuations = continuations_[o];
-  const uint32_t first_child = first_child_[o];
-  DropIdentity(old, /*dropped=*/false);  // the key stays in the pool
+  HandIdentity(old, block, from, /*dropped=*/false);  // the key stays in the pool
   // Worth nothing now: to the head, where blocks released without identity go.
   Unlink(old);
   Prepend(old);
   Requeued(old);
-  (void)Store(block, key, from);
-  share_[i] = share;
-  continuations_[i] = continuations;
-  first_child_[i] = first_child;
   return Status::Ok();
+}
+
+void BlockPool::HandIdentity(int32_t from, int32_t to, const PublishOrigin& origin, bool dropped) {
+  const size_t f = static_cast<size_t>(from), t = static_cast<size_t>(to);
+  const PrefixKey key = key_[f];
+  const uint8_t share = share_[f], continuations = continuations_[f];
+  const uint32_t first_child = first_child_[f];
+  // Removed before stored: a consumer keyed by prefix never sees the key on two blocks.
+  DropIdentity(from, dropped);
+  (void)Store(to, key, origin);  // the key was from's alone
+  share_[t] = share;
+  continuations_[t] = continuations;
+  first_child_[t] = first_child;
 }
 
 Status BlockPool::Unpublish(int32_t block) {
@@ -650,17 +656,7 @@ Status BlockPool::MoveHeld(int32_t src, int32_t dst) {
   DropIdentity(dst);
   ref_[d] = ref_[s];
   Held(dst);
-  if (has_key_[s]) {
-    // Removed before stored: a consumer keyed by prefix never sees the key on two blocks.
-    const PrefixKey key = key_[s];
-    const uint8_t continuations = continuations_[s], share = share_[s];
-    const uint32_t first_child = first_child_[s];
-    DropIdentity(src);
-    (void)Store(dst, key);  // key was src's alone
-    continuations_[d] = continuations;
-    share_[d] = share;
-    first_child_[d] = first_child;
-  }
+  if (has_key_[s]) HandIdentity(src, dst);
   ref_[s] = 0;
   Prepend(src);  // worthless now: reused before anything cached
   Released(src);
@@ -697,15 +693,8 @@ Status BlockPool::MoveCached(int32_t src, int32_t dst) {
   DropIdentity(dst);
   const uint64_t tick = tick_[s];
   const int32_t after = prev_[s];  // dst is off the list, so never src's neighbour now
-  const PrefixKey key = key_[s];
-  const uint8_t continuations = continuations_[s], share = share_[s];
-  const uint32_t first_child = first_child_[s];
   Unlink(src);
-  DropIdentity(src);
-  (void)Store(dst, key);  // key was src's alone
-  continuations_[d] = continuations;
-  share_[d] = share;
-  first_child_[d] = first_child;
+  HandIdentity(src, dst);
   // Linked where src was: its successors' order is untouched, and a plain-end mark that pointed
   // at src (reset by Unlink to an earlier block) still lies before every tick it has to pass.
   Link(dst, after, tick);

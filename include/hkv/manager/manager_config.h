@@ -168,6 +168,8 @@ struct ManagerConfig {
   // Derived values; meaningful once Validate() is OK.
   int32_t hash_tokens() const;   // gcd of token-group block sizes (or state_align_tokens)
   int32_t align_tokens() const;  // lcm of token-group block sizes (or state_align_tokens)
+  // Whether pool `pool` holds recurrent states (a state group draws its pages from it).
+  bool pool_holds_states(int32_t pool) const;
   // The smallest multiple of align_tokens() at or above `tokens` (>= 0), e.g. for a stride.
   int64_t AlignUp(int64_t tokens) const {
     const int64_t a = align_tokens();

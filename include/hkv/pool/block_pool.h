@@ -264,6 +264,10 @@ class BlockPool {
   // `dropped`: whether the key leaves the pool (TrackDropped); false when it moves to another
   // block in the same breath.
   void DropIdentity(int32_t block, bool dropped = true);
+  // `from`'s key, share level, continuations and first child go to `to`, which has no identity
+  // (`removed` from, then `stored` to); `dropped` as DropIdentity's. Lists are the caller's.
+  void HandIdentity(int32_t from, int32_t to, const PublishOrigin& origin = {},
+                    bool dropped = true);
   void Record(KvEvent::Kind kind, const PrefixKey& key, int32_t block,
               const PublishOrigin& from = {});
   // Reference transitions 0 -> 1 and 1 -> 0, and identity changes, as seen by the segments.
