@@ -89,6 +89,9 @@ ManagerConfig Config(int choice, uint8_t flags) {
   c.record_events = (flags & 2) == 0;
   c.drop_last_hit_block = (flags & 4) != 0;
   if ((flags & 8) != 0) c.checkpoint_interval = 0;
+  // Admissions leave the started requests a few steps of growth: refusals a fit without it would
+  // not make.
+  if ((flags & 16) != 0) c.admission_headroom_steps = 8;
   return c;
 }
 

@@ -10,8 +10,11 @@ is marked `<<` when the second build hits less, preempts more or schedules more 
   scripts/mode_diff.py BEFORE_HKV AFTER_HKV [--models M1,M2] [--memory 2,4,8,16]
                        [--gaps 15,50,150,300] [--seeds 1,2] [--requests 1000]
                        [--allocator hybridkv] [--jobs 2]
+                       [--before-args "--admission-headroom 0"] [--after-args ...]
 
-The default models are the recurrent hybrids (the ones two-level memory serves). Figures are
+The default models are the recurrent hybrids (the ones two-level memory serves); `--models all`
+takes every bundled model. --before-args / --after-args add `hkv simulate` options to one side,
+so that one build can be compared with itself under another setting. Figures are
 deterministic; manager times are not compared.
 """
 from __future__ import annotations
@@ -20,6 +23,7 @@ import argparse
 import concurrent.futures
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -29,9 +33,10 @@ RECURRENT = ("ibm-ai-platform--Bamba-9B", "ai21labs--Jamba-v0.1",
              "Qwen--Qwen3-Next-80B-A3B-Instruct")
 
 
-def simulate(hkv: str, model: str, trace: str, gib: int, allocator: str) -> dict | None:
+def simulate(hkv: str, model: str, trace: str, gib: int, allocator: str,
+             extra: list[str]) -> dict | None:
     cmd = [hkv, "simulate", os.path.join(ROOT, "models", model), "--trace", trace, "--memory",
-           f"{gib}GiB", "--allocator", allocator, "--json"]
+           f"{gib}GiB", "--allocator", allocator, "--json"] + extra
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode not in (0, 1):
         sys.exit(f"{' '.join(cmd)} failed:\n{p.stderr[-3000:]}")
@@ -51,8 +56,14 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=1000)
     ap.add_argument("--allocator", default="hybridkv")
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--before-args", default="", help="extra hkv simulate options, first build")
+    ap.add_argument("--after-args", default="", help="extra hkv simulate options, second build")
     args = ap.parse_args()
     models = [m for m in args.models.split(",") if m]
+    if models == ["all"]:
+        models = sorted(os.listdir(os.path.join(ROOT, "models")))
+    sides = [(args.before, shlex.split(args.before_args)),
+             (args.after, shlex.split(args.after_args))]
     memories = [int(x) for x in args.memory.split(",")]
     gaps = [int(x) for x in args.gaps.split(",")]
     seeds = [int(x) for x in args.seeds.split(",")]
@@ -65,33 +76,38 @@ def main() -> None:
                                 "--seed", str(s), "--session-gap", str(g), "-o", path],
                                check=True, capture_output=True)
                 traces[(s, g)] = path
-        jobs = [(b, m, gib, g, s) for b in (args.before, args.after) for m in models
-                for gib in memories for g in gaps for s in seeds]
+        jobs = [(b, m, gib, g, s) for b in (0, 1) for m in models for gib in memories
+                for g in gaps for s in seeds]
         with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
             runs = dict(zip(jobs, pool.map(
-                lambda j: simulate(j[0], j[1], traces[(j[4], j[3])], j[2], args.allocator),
-                jobs)))
+                lambda j: simulate(sides[j[0]][0], j[1], traces[(j[4], j[3])], j[2],
+                                   args.allocator, sides[j[0]][1]), jobs)))
     total = [0.0, 0, 0.0]
-    print(f"{args.allocator}: {args.before} -> {args.after}, seeds {args.seeds} "
+    steps = [0, 0]  # over every cell both builds serve: how long the replays took to drain
+    named = [" ".join([hkv] + extra) for hkv, extra in sides]
+    print(f"{args.allocator}: {named[0]} -> {named[1]}, seeds {args.seeds} "
           "(hit rate averaged, preemptions and scheduled Mtok summed)")
     for m in models:
         for gib in memories:
             for g in gaps:
                 cells = []
-                for b in (args.before, args.after):
+                for b in (0, 1):
                     rs = [runs[(b, m, gib, g, s)] for s in seeds]
                     if any(r is None for r in rs):
                         cells.append(None)
                         continue
                     cells.append((sum(r["hit_rate"] for r in rs) / len(rs),
                                   sum(r["preemptions"] for r in rs),
-                                  sum(r["scheduled_tokens"] for r in rs) / 1e6))
+                                  sum(r["scheduled_tokens"] for r in rs) / 1e6,
+                                  sum(r["steps"] for r in rs)))
                 a, b = cells
                 if a is None or b is None:
                     if a != b:
                         print(f"{m} {gib} GiB gap {g}: refused by one build only")
                     continue
-                if a == b:
+                steps[0] += a[3]
+                steps[1] += b[3]
+                if a[:3] == b[:3]:
                     continue
                 worse = b[0] < a[0] - 1e-9 or b[1] > a[1] or b[2] > a[2] + 1e-9
                 print(f"{m} {gib} GiB gap {g}: hit {a[0]:.3f} -> {b[0]:.3f}, preemptions "
@@ -102,6 +118,9 @@ def main() -> None:
                 total[2] += b[2] - a[2]
     print(f"sum of differences: hit {total[0]:+.3f}, preemptions {total[1]:+d}, scheduled "
           f"{total[2]:+.2f} M")
+    if steps[0] > 0:
+        print(f"steps to drain every trace: {steps[0]} -> {steps[1]} "
+              f"({100.0 * (steps[1] - steps[0]) / steps[0]:+.2f}%)")
 
 
 if __name__ == "__main__":

@@ -23,11 +23,15 @@ Block pool model (what the C++ manager does for one full-attention group):
     completes is published when the chunk is scheduled, so a request admitted later in the same
     step hits it, as vLLM caches blocks; such a block takes an identity from a free one only at
     the step's commit, once it is computed.
+  * With --admission-headroom S (hkv's ManagerConfig::admission_headroom_steps), an admission
+    also leaves ceil(S * running / block_tokens) blocks free beyond its own, where running counts
+    the requests admitted before it (this step's included); with nothing running it needs none.
   * A step where nothing runs and the head of `waiting` still cannot be admitted is an error: with
     every block free it never will be (hkv simulate stops there too; replay.md is silent).
 
 Usage: replay_reference.py TRACE.jsonl --num-blocks N [--block-tokens 16] [--budget 8192]
          [--max-running 1024] [--max-model-len 16384] [--csv OUT.csv] [--publish-at-allocate]
+         [--admission-headroom 0]
 --num-blocks counts the null block: pass hkv's reported num_blocks + 1.
 """
 import argparse
@@ -110,6 +114,7 @@ def main():
     ap.add_argument("--max-model-len", type=int, default=16384)
     ap.add_argument("--csv")
     ap.add_argument("--publish-at-allocate", action="store_true")
+    ap.add_argument("--admission-headroom", type=int, default=0, help="decode steps")
     a = ap.parse_args()
     bs = a.block_tokens
 
@@ -193,7 +198,8 @@ def main():
                 k += 1
             hits = [pool.index[ids[j]] for j in range(k)]
             fresh = blocks_for(len(r.tokens)) - k  # the whole prompt must fit
-            if sum(pool.ref[b] == 0 for b in hits) + fresh > len(pool.free):
+            headroom = -(-a.admission_headroom * len(running) // bs)
+            if sum(pool.ref[b] == 0 for b in hits) + fresh + headroom > len(pool.free):
                 break
             for b in hits:
                 pool.acquire_cached(b)

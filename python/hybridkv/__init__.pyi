@@ -68,6 +68,7 @@ class ManagerConfig:
     rolling_stride_after_give_back: int
     branch_memory_entries: int
     branch_bonus: float
+    admission_headroom_steps: int
     branch_bonus_levels: int
     thrash_guard: bool
     thrash_keep_share: float
@@ -190,6 +191,7 @@ class ManagerStats:
     thrash_returns_seen: int
     thrash_probation_frees: int
     keys_taken_over: int
+    admissions_held_for_headroom: int
     rolling_states_given_back: int
     uncovered_blocks_demoted: int
     unreachable_checkpoints_demoted: int

@@ -276,6 +276,7 @@ void BindStatsTypes(py::module_& m) {
       .def_readonly("thrash_returns_seen", &ManagerStats::thrash_returns_seen)
       .def_readonly("thrash_probation_frees", &ManagerStats::thrash_probation_frees)
       .def_readonly("keys_taken_over", &ManagerStats::keys_taken_over)
+      .def_readonly("admissions_held_for_headroom", &ManagerStats::admissions_held_for_headroom)
       .def_readonly("rolling_states_given_back", &ManagerStats::rolling_states_given_back)
       .def_readonly("uncovered_blocks_demoted", &ManagerStats::uncovered_blocks_demoted)
       .def_readonly("unreachable_checkpoints_demoted",

@@ -128,6 +128,7 @@ void BindConfigs(py::module_& m) {
                      &ManagerConfig::rolling_stride_after_give_back)
       .def_readwrite("branch_memory_entries", &ManagerConfig::branch_memory_entries)
       .def_readwrite("branch_bonus", &ManagerConfig::branch_bonus)
+      .def_readwrite("admission_headroom_steps", &ManagerConfig::admission_headroom_steps)
       .def_readwrite("branch_bonus_levels", &ManagerConfig::branch_bonus_levels)
       .def_readwrite("thrash_guard", &ManagerConfig::thrash_guard)
       .def_readwrite("thrash_keep_share", &ManagerConfig::thrash_keep_share)

@@ -158,6 +158,23 @@ def test_refusals_change_nothing_and_map_to_exception_classes(small):
     small.check_invariants()
 
 
+def test_admission_headroom_holds_an_admission_for_the_running_requests():
+    c = full_attention_config(num_blocks=11)  # 10 usable 4-token blocks
+    c.admission_headroom_steps = 4  # one block per started request
+    mgr = hybridkv.KvCacheManager(c)
+    run_prompt(mgr, 1, range(16))  # nothing started: 4 blocks, no headroom
+    run_prompt(mgr, 2, range(100, 116))  # 4 blocks + 1 kept for request 1
+    mgr.add_request(3, np.arange(200, 204, dtype=np.int32))
+    with pytest.raises(hybridkv.ResourceExhaustedError) as e:
+        mgr.allocate(3, 4, mgr.lookup(3))  # 1 block + 2 kept > 2 free
+    assert "admission_headroom_steps" in str(e.value)
+    assert mgr.usage(0).num_free == 2
+    assert mgr.stats.admissions_held_for_headroom == 1
+    mgr.free(1)
+    mgr.allocate(3, 4, mgr.lookup(3))
+    mgr.check_invariants()
+
+
 def test_fork_copies_the_shared_partial_block_and_truncate_rolls_back(small):
     run_prompt(small, 1, range(6))
     small.append_tokens(1, [50])

@@ -666,6 +666,7 @@ Status Engine::Impl::Step() {
   counters_.shared_prefixes_marked = ms.shared_prefixes_marked;
   counters_.thrash_probation_frees = ms.thrash_probation_frees;
   counters_.keys_taken_over = ms.keys_taken_over;
+  counters_.admissions_held_for_headroom = ms.admissions_held_for_headroom;
   counters_.coverage_demotions =
       ms.uncovered_blocks_demoted + ms.unreachable_checkpoints_demoted + ms.superseded_hits_demoted;
   // No step is open between scheduler steps: pages may move now, before anything reads them.

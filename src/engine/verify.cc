@@ -311,6 +311,7 @@ Result<VerifyReport> RunVerify(const ModelSpec& real, const VerifyOptions& o) {
   config.branch_bonus = o.branch_bonus;
   config.thrash_guard = o.thrash_guard;
   config.thrash_keep_share = o.thrash_keep_share;
+  config.admission_headroom_steps = o.admission_headroom_steps;
   config.rolling_stride_after_give_back = config.AlignUp(o.rolling_stride_after_give_back);
   config.publish_at_allocate = o.batched;
   // Every third seed runs as an EAGLE-style engine would: hits end one block early.

@@ -83,7 +83,16 @@ Status KvCacheManager::Impl::PlanAllocation(const Request& r, const StepPlan& s)
   for (const auto& g : groups) {
     HKV_RETURN_IF_ERROR(g->PlanStep(r, s, hit_plan, core.need[static_cast<size_t>(g->pool())]));
   }
+  if (s.headroom) AddAdmissionHeadroom();
   return Status::Ok();
+}
+
+void KvCacheManager::Impl::CountHeldForHeadroom() {
+  // Refused with the headroom in the need (and every give-back taken back): would the step have
+  // fitted without it, as things stand?
+  for (size_t p = 0; p < headroom.size(); ++p)
+    core.need[p] -= headroom[p];
+  if (core.CanReserveBlocks()) ++core.stats.admissions_held_for_headroom;
 }
 
 Status KvCacheManager::Impl::Shortfall(const Request& r, const StepPlan& s) {
@@ -100,9 +109,16 @@ Status KvCacheManager::Impl::Shortfall(const Request& r, const StepPlan& s) {
       }
     }
   }
+  std::string kept;
+  if (s.headroom) {
+    kept = fmt::format(
+        " (of them {} kept free for the {} running requests' next {} decode steps, "
+        "ManagerConfig::admission_headroom_steps)",
+        fmt::join(headroom, "/"), started_requests, config.admission_headroom_steps);
+  }
   return Status::ResourceExhausted(
-      fmt::format("allocate: request {}: positions [{}, {}) need {} block(s) per pool: {}", r.id,
-                  s.begin, s.end + s.lookahead, fmt::join(core.need, "/"), why));
+      fmt::format("allocate: request {}: positions [{}, {}) need {} block(s) per pool{}: {}", r.id,
+                  s.begin, s.end + s.lookahead, fmt::join(core.need, "/"), kept, why));
 }
 
 void KvCacheManager::Impl::ApplyFirstStep(Request& r, const StepPlan& s) {
@@ -153,6 +169,7 @@ Status KvCacheManager::Impl::Allocate(Request& r, int64_t num_new, const PrefixH
   s.lookahead = lookahead;
   s.reserve = std::max(r.reserved, s.end + lookahead);
   s.started = r.started;
+  s.headroom = !r.started && config.admission_headroom_steps > 0 && started_requests > 0;
   s.hit = hit;
   // Plan: count what every pool must supply, and check that the hit still stands. Nothing
   // changes until every pool is known to suffice.
@@ -184,6 +201,7 @@ Status KvCacheManager::Impl::Allocate(Request& r, int64_t num_new, const PrefixH
   const Status fits = FitWithGiveBacks(r, s);
   if (!fits.ok()) {
     ++core.stats.allocations_failed;
+    if (s.headroom) CountHeldForHeadroom();
     return fits;
   }
   if (branch_after_fit) window_branch = WindowBranchOf(r, hit.tokens);
@@ -217,6 +235,7 @@ Status KvCacheManager::Impl::Allocate(Request& r, int64_t num_new, const PrefixH
 }
 
 void KvCacheManager::Impl::OpenStep(Request& r, const StepPlan& s) {
+  if (!r.started) ++started_requests;
   r.started = true;
   r.step_open = true;
   r.step_begin = s.begin;
@@ -244,6 +263,20 @@ Status KvCacheManager::Impl::CheckLent(const Request& r, int64_t limit, const ch
     }
   }
   return Status::Ok();
+}
+
+void KvCacheManager::Impl::AddAdmissionHeadroom() {
+  // Every pool a decoder token group draws from must also keep what the started requests need
+  // for the next admission_headroom_steps decode steps (one token each per step). It joins the
+  // need, so the fit below - and the give-backs it may take - provide for it; the step then
+  // allocates only its own blocks and leaves the headroom free.
+  const int64_t tokens = int64_t{config.admission_headroom_steps} * started_requests;
+  for (size_t p = 0; p < headroom.size(); ++p) {
+    headroom[p] = 0;
+    for (const int32_t bs : growing_block_tokens[p])
+      headroom[p] += CeilDiv(tokens, static_cast<int64_t>(bs));
+    core.need[p] += headroom[p];
+  }
 }
 
 Status KvCacheManager::Impl::FitWithGiveBacks(Request& r, const StepPlan& s) {

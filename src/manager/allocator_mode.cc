@@ -334,6 +334,7 @@ Result<Allocator> MakeAllocator(const ModelSpec& model, AllocatorMode mode,
   // shared prefix longer.
   a.config.branch_bonus = mode == AllocatorMode::kPadded ? 0.0 : kBranchBonus;
   a.config.thrash_guard = mode != AllocatorMode::kPadded;
+  a.config.admission_headroom_steps = mode == AllocatorMode::kPadded ? 0 : kAdmissionHeadroomSteps;
   int64_t blocks = 0;
   for (const int32_t b : a.config.pool_blocks)
     blocks += b - 1;

@@ -60,6 +60,9 @@ struct StepPlan {
   int64_t lookahead = 0;
   int64_t reserve = 0;   // token tables must cover [0, reserve)
   bool started = false;  // not the request's first Allocate
+  // An admission that must leave ManagerConfig::admission_headroom_steps of growth for the
+  // requests already started (their count is not zero, nor the setting).
+  bool headroom = false;
   PrefixHit hit;
   std::span<const int64_t> snapshots;  // positions after which states are copied aside
 };

@@ -46,15 +46,22 @@ Status KvCacheManager::Impl::CheckInvariants() const {
   for (size_t p = 0; p < pools.size(); ++p) {
     expected[p].assign(static_cast<size_t>(pools[p].num_blocks()), 0);
   }
-  int32_t live_requests = 0;
+  int32_t live_requests = 0, started = 0;
   for (size_t slot = 0; slot < requests.size(); ++slot) {
     if (!Live(slot)) continue;  // a recycled, free slot
     ++live_requests;
+    if (requests[slot].started) ++started;
     HKV_RETURN_IF_ERROR(CheckRequest(requests[slot], expected));
   }
   if (live_requests != index.size()) {
     return Status::FailedPrecondition(fmt::format(
         "invariant: {} requests indexed, {} found in slots", index.size(), live_requests));
+  }
+  if (started != started_requests) {
+    return Status::FailedPrecondition(
+        fmt::format("invariant: {} requests counted as started (the admission headroom's running "
+                    "requests), {} found in slots",
+                    started_requests, started));
   }
   for (size_t p = 0; p < pools.size(); ++p) {
     Status s = pools[p].CheckInvariants(expected[p]);

@@ -22,8 +22,12 @@ double PoolUsage::usage() const {
 KvCacheManager::Impl::Impl(const ManagerConfig& c) : core(c), config(core.config) {
   using manager_internal::IsDecoderTokens;
   using manager_internal::ReleasesTokens;
+  growing_block_tokens.resize(config.pool_blocks.size());
+  headroom.resize(config.pool_blocks.size());
   for (size_t g = 0; g < config.groups.size(); ++g) {
     const GroupConfig& gc = config.groups[g];
+    if (IsDecoderTokens(gc))
+      growing_block_tokens[static_cast<size_t>(gc.pool)].push_back(gc.block_tokens);
     has_encoder = has_encoder || gc.is_encoder();
     has_state_groups = has_state_groups || gc.is_state();
     has_token_groups = has_token_groups || IsDecoderTokens(gc);

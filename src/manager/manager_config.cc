@@ -269,6 +269,12 @@ Status ManagerConfig::Validate() const {
         "step) or more",
         max_state_splits));
   }
+  if (admission_headroom_steps < 0 || admission_headroom_steps > max_model_len) {
+    return Status::InvalidArgument(fmt::format(
+        "manager config: admission_headroom_steps {} must be in [0, max_model_len ({})]: decode "
+        "steps of growth an admission leaves room for",
+        admission_headroom_steps, max_model_len));
+  }
   if (max_interval_checkpoints < 0) {
     return Status::InvalidArgument(
         fmt::format("manager config: max_interval_checkpoints {} is negative; expected 0 (no cap) "

@@ -92,6 +92,11 @@ struct KvCacheManager::Impl {
   // planning again until the step fits; a refusal takes every give-back back, so it changes
   // nothing, and returns Shortfall.
   Status FitWithGiveBacks(Request& r, const manager_internal::StepPlan& s);
+  // ManagerConfig::admission_headroom_steps: PlanAllocation adds to an admission's need, per
+  // pool, what the started requests need for that many more decode steps (`headroom`); a refused
+  // admission that would have fitted without it is counted (ManagerStats).
+  void AddAdmissionHeadroom();
+  void CountHeldForHeadroom();
 
   // The operations the public calls are built from.
   Result<PrefixHit> Lookup(RequestId id, const ExternalBlocks* ext);
@@ -151,6 +156,12 @@ struct KvCacheManager::Impl {
 
   std::vector<Request> requests;  // slots, recycled
   std::vector<int32_t> free_slots;
+  // Live requests whose first Allocate happened (Request::started): the running requests an
+  // admission's headroom is for.
+  int32_t started_requests = 0;
+  // ManagerConfig::admission_headroom_steps: per pool, the tokens per block of each decoder token
+  // group drawing from it (the groups whose tables grow as a request decodes).
+  std::vector<std::vector<int32_t>> growing_block_tokens;
   manager_internal::RequestTable index;
 
   // Allocate's plan, reused.
@@ -160,7 +171,8 @@ struct KvCacheManager::Impl {
   // final states), and of those freed before it, which the events it returned may name; Tokens
   // answers from them once a request is gone.
   std::vector<std::pair<RequestId, std::vector<int32_t>>> freed_tokens, taken_freed_tokens;
-  std::vector<manager_internal::GivenBack> given_back;        // FitWithGiveBacks' releases
+  std::vector<int64_t> headroom;                        // AddAdmissionHeadroom's blocks per pool
+  std::vector<manager_internal::GivenBack> given_back;  // FitWithGiveBacks' releases
   std::vector<std::pair<size_t, int64_t>> given_back_branch;  // slot, window_branch it had
   std::vector<std::pair<int64_t, int32_t>> release_order;     // (block end position, block)
   std::vector<std::pair<int64_t, int32_t>> release_merged;    // scratch of its merge

@@ -69,6 +69,7 @@ Status KvCacheManager::Impl::Fork(const Request& parent, RequestId child) {
   c.copies.clear();
   for (const auto& g : groups)
     g->Fork(p, slot);
+  if (c.started) ++started_requests;
   index.Insert(child, slot);
   return Status::Ok();
 }
@@ -124,6 +125,7 @@ void KvCacheManager::Impl::FreeRequest(Request& r, FreeReason reason) {
   r.hashes.clear();
   r.items.clear();
   r.encoder_hashes.clear();
+  if (r.started) --started_requests;
   r.ResetProgress();
 }
 
@@ -152,6 +154,7 @@ void KvCacheManager::Impl::AbandonStart(Request& r) {
   // targets and the step's own blocks (without, reused first). Nothing was published.
   for (const auto& g : groups)
     g->Abandon(r);
+  if (r.started) --started_requests;
   r.ResetProgress();
   r.computed = 0;
   r.reserved = 0;

@@ -124,11 +124,14 @@ TEST_F(SimulateCommandTest, CompactsTwoLevelMemoryUnlessTold) {
   // the cached pages of the slabs it empties, win back about as many hits as they cost. Under
   // recency alone: with the thrash guard the cache keeps other chains, and on this trace the
   // compactions then drop about as many hits as they win (0.099 against 0.102 without them).
+  // Admitting whatever fits: with the admission headroom the state class rarely runs short on
+  // this trace, and the compactions it still asks for cost hits (0.105 against 0.110).
   WriteTrace(200, 50);
   args_.config = std::string(HKV_MODELS_DIR) + "/ibm-ai-platform--Bamba-9B";
   args_.memory = "2GiB";
   args_.allocator = "hybridkv";
   args_.thrash_guard = "off";
+  args_.admission_headroom = 0;
   args_.json = true;
   const auto replay = [&](bool no_compact) {
     args_.no_compact = no_compact;
@@ -235,12 +238,14 @@ TEST_F(SimulateCommandTest, OracleRunAndEveryRunAsAFractionOfIt) {
 // only every 4096 tokens; 0 keeps one at every aligned position again, which on Bamba in 4 GiB
 // gives many more states back (each a second state page taken back a block later). Whether that
 // hits more or less depends on the trace (docs/manager.md, "Rolling states under pressure").
+// Admitting whatever fits: with the admission headroom nothing is given back on this trace.
 TEST_F(SimulateCommandTest, RollingStrideAfterAGiveBack) {
   WriteTrace(200);
   args_.config = std::string(HKV_MODELS_DIR) + "/ibm-ai-platform--Bamba-9B";
   args_.memory = "4GiB";
   args_.max_model_len = 16384;
   args_.allocator = "hybridkv";
+  args_.admission_headroom = 0;
   args_.json = true;
   const nlohmann::json strided = FirstRun();
   args_.rolling_stride = 0;
@@ -268,6 +273,31 @@ TEST_F(SimulateCommandTest, BranchMemory) {
   EXPECT_GT(kept(remembered), 0);
   EXPECT_EQ(kept(forgotten), 0);
   EXPECT_GT(remembered["hit_rate"].get<double>(), forgotten["hit_rate"].get<double>());
+}
+
+// --admission-headroom: by default (32 decode steps in hybridkv) an admission waits while the
+// running requests could not decode 32 more steps in what would stay free; under this overload
+// Llama-3.1-8B in 2 GiB then preempts fewer requests, hits more and computes fewer tokens than
+// when admissions take whatever fits (0, as vLLM v1).
+TEST_F(SimulateCommandTest, AdmissionHeadroomPreemptsLess) {
+  WriteTrace(200);
+  args_.config = std::string(HKV_MODELS_DIR) + "/meta-llama--Llama-3.1-8B";
+  args_.memory = "2GiB";
+  args_.max_model_len = 16384;
+  args_.allocator = "hybridkv";
+  args_.json = true;
+  const nlohmann::json headroom = FirstRun();
+  args_.admission_headroom = 0;
+  const nlohmann::json all = FirstRun();
+  const auto held = [](const nlohmann::json& run) {
+    return run["manager"]["admissions_held_for_headroom"].get<int64_t>();
+  };
+  EXPECT_GT(held(headroom), 0);
+  EXPECT_EQ(held(all), 0);
+  EXPECT_GT(all["preemptions"].get<int64_t>(), 0);
+  EXPECT_LT(headroom["preemptions"].get<int64_t>(), all["preemptions"].get<int64_t>());
+  EXPECT_GE(headroom["hit_rate"].get<double>(), all["hit_rate"].get<double>());
+  EXPECT_LT(headroom["scheduled_tokens"].get<int64_t>(), all["scheduled_tokens"].get<int64_t>());
 }
 
 TEST_F(SimulateCommandTest, BranchBonus) {

@@ -137,6 +137,7 @@ nlohmann::json RunJson(const Run& run, bool with_timings) {
                     {"thrash_returns_seen", m.thrash_returns_seen},
                     {"thrash_probation_frees", m.thrash_probation_frees},
                     {"keys_taken_over", m.keys_taken_over},
+                    {"admissions_held_for_headroom", m.admissions_held_for_headroom},
                     {"rolling_states_given_back", m.rolling_states_given_back},
                     {"uncovered_blocks_demoted", m.uncovered_blocks_demoted},
                     {"unreachable_checkpoints_demoted", m.unreachable_checkpoints_demoted},
@@ -263,6 +264,9 @@ bool SimulateRun(const Inputs& in, const SimulateArgs& args, Run& run, std::ostr
     if (args.branch_bonus >= 0) allocator->config.branch_bonus = args.branch_bonus;
     if (!args.thrash_guard.empty()) allocator->config.thrash_guard = args.thrash_guard == "on";
     if (args.thrash_keep_share >= 0) allocator->config.thrash_keep_share = args.thrash_keep_share;
+    if (args.admission_headroom >= 0) {
+      allocator->config.admission_headroom_steps = args.admission_headroom;
+    }
     run.block_tokens = allocator->block_tokens;
     run.state_page_bytes = allocator->state_page_bytes;
     run.pool_block_bytes = allocator->pool_block_bytes;
@@ -443,6 +447,12 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
                   "requests' chains instead of the learned one (ManagerConfig::thrash_keep_share; "
                   "0: learned)")
       ->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--admission-headroom", args.admission_headroom,
+                  "hkv modes: admit a request only if the running ones could still decode this "
+                  "many more steps in what stays free (ManagerConfig::admission_headroom_steps; 0: "
+                  "admit whatever fits, as vLLM v1 does; default 2 in uniform and hybridkv, 0 in "
+                  "padded)")
+      ->check(CLI::Range(0, 1 << 20));
   cmd->add_flag("--oracle", args.oracle,
                 "also replay an `oracle` run: hybridkv's layout evicting Belady-style by the "
                 "trace's future (the next request that needs a prefix), and show every run's hit "

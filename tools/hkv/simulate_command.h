@@ -46,6 +46,7 @@ struct SimulateArgs {
   double branch_bonus = -1;         // hkv modes: ManagerConfig::branch_bonus; -1: the mode's
   std::string thrash_guard;  // hkv modes: "on"/"off" (ManagerConfig::thrash_guard); "": the mode's
   double thrash_keep_share = -1;     // hkv modes: ManagerConfig::thrash_keep_share; -1: the mode's
+  int32_t admission_headroom = -1;   // hkv modes: admission_headroom_steps; -1: the mode's
   std::string vllm_policy = "vllm";  // vllm mode: vLLM's eviction order, or "hybridkv"
   bool oracle = false;  // also an `oracle` run (ReplayOptions::oracle), and fractions of it
   bool json = false;

@@ -44,6 +44,10 @@ CLI::App* AddVerifyCommand(CLI::App& app, VerifyArgs& args) {
       ->check(CLI::Range(0.0, 1.0));
   cmd->add_flag("--thrash-guard", args.options.thrash_guard,
                 "the thrash guard on, its share learned (ManagerConfig::thrash_guard)");
+  cmd->add_option("--admission-headroom", args.options.admission_headroom_steps,
+                  "admit a request only if the running ones could still decode this many more "
+                  "steps in what stays free (ManagerConfig::admission_headroom_steps; default 0)")
+      ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--policy", args.policy,
                   "sparse-KV policy on every full-attention layer: dense, streaming_llm, h2o, "
                   "tova, snapkv, knorm");
@@ -205,7 +209,8 @@ void PrintJson(const VerifyArgs& args, const VerifyOptions& options, const Verif
                    {"evictions_deferred", f.evictions_deferred},
                    {"shared_prefixes_marked", f.shared_prefixes_marked},
                    {"thrash_probation_frees", f.thrash_probation_frees},
-                   {"keys_taken_over", f.keys_taken_over}};
+                   {"keys_taken_over", f.keys_taken_over},
+                   {"admissions_held_for_headroom", f.admissions_held_for_headroom}};
   if (options.kv_events) j["kv_event_batches"] = r.kv_event_batches;
   if (options.offload) {
     j["offload"] = {{"tier", args.offload},

@@ -151,12 +151,13 @@ struct EngineCounters {
   // had in one step (the manager caps it at ManagerConfig::max_state_splits).
   int64_t state_splits = 0;
   int64_t max_state_splits = 0;
-  int64_t branch_blocks_given_back = 0;   // the manager's (ManagerStats), as of the last step
-  int64_t rolling_states_given_back = 0;  // likewise
-  int64_t remembered_branches_kept = 0;   // likewise
-  int64_t shared_prefixes_marked = 0;     // likewise
-  int64_t thrash_probation_frees = 0;     // likewise
-  int64_t keys_taken_over = 0;            // likewise
+  int64_t branch_blocks_given_back = 0;      // the manager's (ManagerStats), as of the last step
+  int64_t rolling_states_given_back = 0;     // likewise
+  int64_t remembered_branches_kept = 0;      // likewise
+  int64_t shared_prefixes_marked = 0;        // likewise
+  int64_t thrash_probation_frees = 0;        // likewise
+  int64_t keys_taken_over = 0;               // likewise
+  int64_t admissions_held_for_headroom = 0;  // likewise
   // Likewise: the manager's checkpoint-coverage demotions of all three kinds (ManagerStats).
   int64_t coverage_demotions = 0;
   int64_t cross_attention_reuses = 0;  // requests that started on cached encoder K/V

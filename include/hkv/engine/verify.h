@@ -50,6 +50,7 @@ struct VerifyOptions {
   // ManagerConfig::thrash_guard and thrash_keep_share (0: learned).
   bool thrash_guard = false;
   double thrash_keep_share = 0;
+  int32_t admission_headroom_steps = 0;  // ManagerConfig::admission_headroom_steps
   // ManagerConfig::eviction_rank: evict by this order instead of recency (nullptr: recency).
   std::shared_ptr<const EvictionRank> eviction_rank;
   // Sparse-KV policies on every full-attention layer (no speculative drafts then). Every

@@ -103,6 +103,10 @@ struct ManagerStats {
   // Blocks and checkpoints a request computed again while a free block still cached the same
   // prefix: the newer copy took the key over (BlockPool::Publish), the older one was freed of it.
   int64_t keys_taken_over = 0;
+  // Admissions refused because they would leave less than ManagerConfig::admission_headroom_steps
+  // of decode growth for the running requests, though their own need fitted (also counted in
+  // allocations_failed).
+  int64_t admissions_held_for_headroom = 0;
   // Rolling recurrent states (the newest aligned state a running request keeps, to publish when
   // it ends) that Allocate gave back for the same reason: published as cached checkpoints, or
   // dropped where the state was the request's live one (its step then writes in place).
@@ -160,7 +164,8 @@ class KvCacheManager {
   // when a step is already open, or when a hit is passed after the first call. Short of blocks,
   // it first gives back what live requests hold only as cache - window blocks kept at branch
   // points, rolling recurrent states (ManagerStats) - one request at a time, and refuses only
-  // when even all of that does not suffice.
+  // when even all of that does not suffice. A first call while other requests have started
+  // must also leave ManagerConfig::admission_headroom_steps of their decode growth free.
   Status Allocate(RequestId id, int64_t num_new_tokens, const PrefixHit& hit = {},
                   int64_t lookahead = 0);
   // Closes the open step: positions [0, computed) hold valid KV and state, for some computed in

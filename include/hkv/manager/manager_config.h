@@ -86,6 +86,15 @@ struct ManagerConfig {
   // memory is short. The state it ends with is then up to this many tokens older, so a next turn
   // hits up to that much less. 0: off (every aligned position); else a multiple of align_tokens().
   int64_t rolling_stride_after_give_back = 0;
+  // An admission - a request's first Allocate while others have started - succeeds only if,
+  // besides its own need, every pool can still supply what the started requests' decoder token
+  // groups need for this many more decode steps (one token per request and step, rounded up to
+  // blocks per group), without anything the running requests keep as cache being given back.
+  // Under overload a request admitted into the last free blocks is soon preempted, or forces a
+  // running one out, and computes its prefix again; a few steps of headroom keep the admission
+  // waiting instead (vLLM's v0 block manager had a watermark of 1% of the blocks for the same
+  // reason). 0: off (admit whatever fits, as vLLM v1 does).
+  int32_t admission_headroom_steps = 0;
   bool enable_prefix_caching = true;
   bool drop_last_hit_block = false;  // speculative decoding (EAGLE/MTP): hits end one unit early
   // Free releases the token blocks of all groups sharing a pool in one tail-first order by
