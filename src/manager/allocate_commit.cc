@@ -87,9 +87,11 @@ Status KvCacheManager::Impl::PlanAllocation(const Request& r, const StepPlan& s)
   return Status::Ok();
 }
 
-void KvCacheManager::Impl::CountHeldForHeadroom() {
-  // Refused with the headroom in the need (and every give-back taken back): would the step have
-  // fitted without it, as things stand?
+void KvCacheManager::Impl::CountHeldForHeadroom(const Request& r, const StepPlan& s) {
+  // Refused with the headroom in the need, every give-back taken back: would the step have fitted
+  // without it, as things stand? Planned again, since the last plan may have been made with the
+  // give-backs applied (a hit block given back counts as need).
+  Must(PlanAllocation(r, s));
   for (size_t p = 0; p < headroom.size(); ++p)
     core.need[p] -= headroom[p];
   if (core.CanReserveBlocks()) ++core.stats.admissions_held_for_headroom;
@@ -201,7 +203,7 @@ Status KvCacheManager::Impl::Allocate(Request& r, int64_t num_new, const PrefixH
   const Status fits = FitWithGiveBacks(r, s);
   if (!fits.ok()) {
     ++core.stats.allocations_failed;
-    if (s.headroom) CountHeldForHeadroom();
+    if (s.headroom) CountHeldForHeadroom(r, s);
     return fits;
   }
   if (branch_after_fit) window_branch = WindowBranchOf(r, hit.tokens);

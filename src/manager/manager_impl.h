@@ -96,7 +96,7 @@ struct KvCacheManager::Impl {
   // pool, what the started requests need for that many more decode steps (`headroom`); a refused
   // admission that would have fitted without it is counted (ManagerStats).
   void AddAdmissionHeadroom();
-  void CountHeldForHeadroom();
+  void CountHeldForHeadroom(const Request& r, const manager_internal::StepPlan& s);
 
   // The operations the public calls are built from.
   Result<PrefixHit> Lookup(RequestId id, const ExternalBlocks* ext);

@@ -450,7 +450,7 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
   cmd->add_option("--admission-headroom", args.admission_headroom,
                   "hkv modes: admit a request only if the running ones could still decode this "
                   "many more steps in what stays free (ManagerConfig::admission_headroom_steps; 0: "
-                  "admit whatever fits, as vLLM v1 does; default 2 in uniform and hybridkv, 0 in "
+                  "admit whatever fits, as vLLM v1 does; default 32 in uniform and hybridkv, 0 in "
                   "padded)")
       ->check(CLI::Range(0, 1 << 20));
   cmd->add_flag("--oracle", args.oracle,

@@ -89,7 +89,8 @@ struct ManagerConfig {
   // An admission - a request's first Allocate while others have started - succeeds only if,
   // besides its own need, every pool can still supply what the started requests' decoder token
   // groups need for this many more decode steps (one token per request and step, rounded up to
-  // blocks per group), without anything the running requests keep as cache being given back.
+  // blocks per group); what running requests keep as cache may be given back for it, as for any
+  // step, and the admission allocates only its own blocks.
   // Under overload a request admitted into the last free blocks is soon preempted, or forces a
   // running one out, and computes its prefix again; a few steps of headroom keep the admission
   // waiting instead (vLLM's v0 block manager had a watermark of 1% of the blocks for the same
