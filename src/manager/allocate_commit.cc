@@ -89,9 +89,10 @@ Status KvCacheManager::Impl::PlanAllocation(const Request& r, const StepPlan& s)
 
 void KvCacheManager::Impl::CountHeldForHeadroom(const Request& r, const StepPlan& s) {
   // Refused with the headroom in the need, every give-back taken back: would the step have fitted
-  // without it, as things stand? Planned again, since the last plan may have been made with the
-  // give-backs applied (a hit block given back counts as need).
-  Must(PlanAllocation(r, s));
+  // without it, as things stand? Planned again only if the last plan was made with give-backs
+  // applied (a hit block given back counts as need); a waiting head refused every step without
+  // any give-back pays for no second plan.
+  if (need_after_give_backs) Must(PlanAllocation(r, s));
   for (size_t p = 0; p < headroom.size(); ++p)
     core.need[p] -= headroom[p];
   if (core.CanReserveBlocks()) ++core.stats.admissions_held_for_headroom;
@@ -282,6 +283,7 @@ void KvCacheManager::Impl::AddAdmissionHeadroom() {
 }
 
 Status KvCacheManager::Impl::FitWithGiveBacks(Request& r, const StepPlan& s) {
+  need_after_give_backs = false;
   bool fits = core.TryReserveBlocks();
   if (fits) return Status::Ok();
   // Windows kept at branch points and rolling recurrent states are cache, not need: short of
@@ -300,6 +302,7 @@ Status KvCacheManager::Impl::FitWithGiveBacks(Request& r, const StepPlan& s) {
   }
   if (given_back.empty()) return Shortfall(r, s);
   Must(PlanAllocation(r, s));
+  need_after_give_backs = true;
   const bool can_fit = core.CanReserveBlocks();
   UndoGiveBack();
   if (!can_fit) return Shortfall(r, s);

@@ -171,8 +171,10 @@ struct KvCacheManager::Impl {
   // final states), and of those freed before it, which the events it returned may name; Tokens
   // answers from them once a request is gone.
   std::vector<std::pair<RequestId, std::vector<int32_t>>> freed_tokens, taken_freed_tokens;
-  std::vector<int64_t> headroom;                        // AddAdmissionHeadroom's blocks per pool
-  std::vector<manager_internal::GivenBack> given_back;  // FitWithGiveBacks' releases
+  std::vector<int64_t> headroom;  // AddAdmissionHeadroom's blocks per pool
+  // FitWithGiveBacks: core.need was last planned with give-backs applied (they are undone now).
+  bool need_after_give_backs = false;
+  std::vector<manager_internal::GivenBack> given_back;        // FitWithGiveBacks' releases
   std::vector<std::pair<size_t, int64_t>> given_back_branch;  // slot, window_branch it had
   std::vector<std::pair<int64_t, int32_t>> release_order;     // (block end position, block)
   std::vector<std::pair<int64_t, int32_t>> release_merged;    // scratch of its merge

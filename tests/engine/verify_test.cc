@@ -309,49 +309,13 @@ TEST(Engine, RollingStatesAtAStrideAfterAGiveBackStayExact) {
   }
 }
 
-// Admission headroom (ManagerConfig::admission_headroom_steps): at half the verify memory a
-// request is admitted only if the running ones could still decode 16 more steps in what stays
-// free. On a full-attention, a sliding-window and two recurrent models, every logit still equals
-// dense, admissions were held back for the headroom alone, and the runs took another course than
-// when admissions take whatever fits (the simulator's tests show what that buys under load).
-TEST(Engine, AdmissionHeadroomHoldsAdmissionsBackAndStaysExact) {
-  LoadOptions load{DType::kFP32, DType::kFP32, DType::kFP32};
-  const uint64_t seeds = testing::kSanitized ? 1 : 4;
-  for (const char* name : {"meta-llama--Llama-3.1-8B", "google--gemma-2-9b",
-                           "ibm-ai-platform--Bamba-9B", "ai21labs--Jamba-v0.1"}) {
-    auto real = LoadModelConfig(std::string(HKV_MODELS_DIR) + "/" + name, load);
-    ASSERT_TRUE(real.ok()) << real.status().ToString();
-    int64_t held = 0, memory = 0;
-    bool differs = false;
-    for (uint64_t seed = 1; seed <= seeds; ++seed) {
-      VerifyOptions o;
-      o.seed = seed;
-      if (memory == 0) memory = RunVerify(*real, o).value().memory_bytes / 2;
-      o.memory_bytes = memory;
-      auto all = RunVerify(*real, o);
-      ASSERT_TRUE(all.ok()) << all.status().ToString();
-      o.admission_headroom_steps = 16;
-      auto r = RunVerify(*real, o);
-      ASSERT_TRUE(r.ok()) << r.status().ToString();
-      EXPECT_TRUE(r->completed) << name << " seed " << seed;
-      EXPECT_EQ(r->mismatches, 0) << name << " seed " << seed;
-      EXPECT_LE(r->max_logit_diff, 1e-4f) << name << " seed " << seed;
-      held += r->features.admissions_held_for_headroom;
-      differs =
-          differs || r->steps != all->steps || r->features.preemptions != all->features.preemptions;
-    }
-    EXPECT_GT(held, 0) << name;
-    EXPECT_TRUE(differs) << name;
-    RecordProperty(std::string("held_") + name, std::to_string(held));
-  }
-}
-
-// An eviction rule under pressure, turned on by `rule`: at `share` of the verify budget, on four
-// models (full attention, sliding window, two recurrent hybrids) and several seeds, every logit
-// still equals dense, the rule acted (`acted` counts it in the engine's counters), and the order is
-// really another one: some run hits a different number of tokens than with recency alone.
-void ExpectEvictionRuleExact(const std::function<void(VerifyOptions&)>& rule,
-                             int64_t EngineCounters::*acted, double share = 0.5) {
+// A manager rule under pressure (an eviction order, an admission rule), turned on by `rule`: at
+// `share` of the verify budget, on four models (full attention, sliding window, two recurrent
+// hybrids) and several seeds, every logit still equals dense, the rule acted (`acted` counts it in
+// the engine's counters), and the run is really another one: some run hits a different number of
+// tokens than without the rule.
+void ExpectRuleUnderPressureExact(const std::function<void(VerifyOptions&)>& rule,
+                                  int64_t EngineCounters::*acted, double share = 0.5) {
   LoadOptions load{DType::kFP32, DType::kFP32, DType::kFP32};
   const uint64_t seeds = testing::kSanitized ? 2 : 4;
   for (const char* name : {"meta-llama--Llama-3.1-8B", "google--gemma-2-9b",
@@ -428,20 +392,28 @@ TEST(Engine, CompactionMovesYoungerCacheAndStaysExact) {
 // Shared prefixes kept longer (ManagerConfig::branch_bonus): the prefixes requests branched from,
 // and their checkpoints, queue behind blocks freed after them; the manager marked some.
 TEST(Engine, SharedPrefixesKeptLongerStayExact) {
-  ExpectEvictionRuleExact([](VerifyOptions& o) { o.branch_bonus = 1; },
-                          &EngineCounters::shared_prefixes_marked);
+  ExpectRuleUnderPressureExact([](VerifyOptions& o) { o.branch_bonus = 1; },
+                               &EngineCounters::shared_prefixes_marked);
 }
 
 // The thrash guard (ManagerConfig::thrash_guard) with a fixed share: 15 of 16 finished
 // requests' blocks - token blocks and recurrent checkpoints - go on probation, evicted before
 // older blocks yet still serving hits until then; the manager put some there.
 TEST(Engine, ThrashGuardProbationStaysExact) {
-  ExpectEvictionRuleExact(
+  ExpectRuleUnderPressureExact(
       [](VerifyOptions& o) {
         o.thrash_guard = true;
         o.thrash_keep_share = 1.0 / 16;
       },
       &EngineCounters::thrash_probation_frees, 0.4);
+}
+
+// Admission headroom (ManagerConfig::admission_headroom_steps): a request is admitted only if the
+// running ones could still decode 16 more steps in what stays free; admissions were held back for
+// the headroom alone (the simulator's tests show what that buys under load).
+TEST(Engine, AdmissionHeadroomHoldsAdmissionsBackAndStaysExact) {
+  ExpectRuleUnderPressureExact([](VerifyOptions& o) { o.admission_headroom_steps = 16; },
+                               &EngineCounters::admissions_held_for_headroom);
 }
 
 // An eviction order unrelated to recency (ManagerConfig::eviction_rank, what the simulator's
