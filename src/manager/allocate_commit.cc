@@ -1,6 +1,7 @@
 // Allocate and Commit: opening a step (reserving every group's slots, all or nothing) and closing
 // it (every group publishes what became immutable and releases what it no longer needs).
 #include <algorithm>
+#include <iterator>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -99,29 +100,33 @@ void KvCacheManager::Impl::CountHeldForHeadroom(const Request& r, const StepPlan
 }
 
 Status KvCacheManager::Impl::Shortfall(const Request& r, const StepPlan& s) {
+  // A waiting head may be refused every step: the message is written into one buffer, one
+  // allocation for the Status, not several formatted pieces joined.
+  fmt::memory_buffer m;
+  fmt::format_to(std::back_inserter(m),
+                 "allocate: request {}: positions [{}, {}) need {} block(s) per pool", r.id,
+                 s.begin, s.end + s.lookahead, fmt::join(core.need, "/"));
+  if (s.headroom) {
+    fmt::format_to(std::back_inserter(m),
+                   " (of them {} kept free for the {} running requests' next {} decode steps, "
+                   "ManagerConfig::admission_headroom_steps)",
+                   fmt::join(headroom, "/"), started_requests, config.admission_headroom_steps);
+  }
   // Named after the first pool the plan's need exceeds, as TryReserveBlocks found it short.
-  std::string why = "no pool is short now";
   if (core.arena.num_slabs() > 0) {
-    why = core.arena_shortage;
+    fmt::format_to(std::back_inserter(m), ": {}", core.arena_shortage);
   } else {
-    for (size_t p = 0; p < core.pools.size(); ++p) {
-      if (core.need[p] > core.pools[p].num_free()) {
-        why = fmt::format("pool {} needs {} free blocks, has {}", p, core.need[p],
-                          core.pools[p].num_free());
-        break;
-      }
+    size_t p = 0;
+    while (p < core.pools.size() && core.need[p] <= core.pools[p].num_free())
+      ++p;
+    if (p < core.pools.size()) {
+      fmt::format_to(std::back_inserter(m), ": pool {} needs {} free blocks, has {}", p,
+                     core.need[p], core.pools[p].num_free());
+    } else {
+      fmt::format_to(std::back_inserter(m), ": no pool is short now");
     }
   }
-  std::string kept;
-  if (s.headroom) {
-    kept = fmt::format(
-        " (of them {} kept free for the {} running requests' next {} decode steps, "
-        "ManagerConfig::admission_headroom_steps)",
-        fmt::join(headroom, "/"), started_requests, config.admission_headroom_steps);
-  }
-  return Status::ResourceExhausted(
-      fmt::format("allocate: request {}: positions [{}, {}) need {} block(s) per pool{}: {}", r.id,
-                  s.begin, s.end + s.lookahead, fmt::join(core.need, "/"), kept, why));
+  return Status::ResourceExhausted(fmt::to_string(m));
 }
 
 void KvCacheManager::Impl::ApplyFirstStep(Request& r, const StepPlan& s) {

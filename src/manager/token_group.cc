@@ -129,7 +129,16 @@ void TokenGroup::Commit(Request& r, int64_t, int64_t publish_limit) {
 void TokenGroup::PublishUpTo(Request& r, TokenSlot& ts, int64_t limit, bool ahead) {
   const int64_t bs = block_tokens();
   const int64_t full = math_.Block(limit);
+  // Each publish probes the index where its key hashes, a likely cache miss in a large pool: the
+  // keys are known, so the slots a few blocks ahead start loading while this one is published.
+  constexpr int64_t kAhead = 4;
+  const BlockPool& bp = block_pool();
+  if (full - ts.num_published > 1 && core_.config.enable_prefix_caching) {
+    for (int64_t j = ts.num_published; j < std::min(full, ts.num_published + kAhead); ++j)
+      bp.PrefetchFind(Key(r, j));
+  }
   for (int64_t j = ts.num_published; j < full; ++j) {
+    if (j + kAhead < full) bp.PrefetchFind(Key(r, j + kAhead));
     const int32_t b = ts.table[static_cast<size_t>(j)];
     if (b != BlockPool::kNullBlock) {
       core_.PublishBlock(pool(), b, Key(r, j), r, j * bs,

@@ -405,7 +405,23 @@ Status BlockPool::Allocate(int32_t n, std::vector<int32_t>& out) {
   if (n > num_free_) {
     return Status::ResourceExhausted(fmt::format("allocate {} blocks: only {} free", n, num_free_));
   }
+  // Reusing a cached block erases its key from the index: a probe of a table larger than the
+  // caches, at a slot no earlier access warmed. The blocks come off the head in list order, so a
+  // cursor a few blocks ahead starts those loads early (the key, then the slot it hashes to), and
+  // the misses overlap instead of following one another.
+  // Only blocks this call takes are looked at: a decode step's single block pays for nothing.
+  constexpr int32_t kKeyAhead = 8, kSlotAhead = 4;
+  int32_t key_cursor = head_, slot_cursor = head_, keys = 0, slots = 0;
+  const auto advance = [&](int32_t key_until, int32_t slot_until) {
+    for (; keys < key_until && key_cursor >= 0; ++keys) {
+      PrefetchKeyOf(key_cursor);
+      key_cursor = next_[static_cast<size_t>(key_cursor)];
+    }
+    for (; slots < slot_until && slot_cursor >= 0; ++slots)
+      slot_cursor = PrefetchSlotOf(slot_cursor);
+  };
   for (int32_t k = 0; k < n; ++k) {
+    if (n > 1) advance(std::min(n, k + kKeyAhead), std::min(n, k + kSlotAhead));
     int32_t b = head_;
     // Blocks worth nothing are interchangeable: take one beside the blocks just allocated.
     if (pack_ && Worthless(b)) b = NextPacked();
