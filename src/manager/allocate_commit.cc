@@ -156,6 +156,20 @@ void KvCacheManager::Impl::ApplyStep(Request& r, const StepPlan& s) {
 
 Status KvCacheManager::Impl::Allocate(Request& r, int64_t num_new, const PrefixHit& hit,
                                       int64_t lookahead) {
+  // A free step (NoteFreeSteps): well formed, and ending within what every group said is free
+  // (which is within max_model_len). Compared by subtraction: computed + num_new + lookahead may
+  // not be representable.
+  if (HasFreeSteps(r) && r.started && !r.step_open && r.loads.empty() && num_new >= 1 &&
+      lookahead >= 0 && hit.tokens == 0 && !hit.encoder && hit.loads == 0 &&
+      num_new <= r.free_until - r.computed && lookahead <= r.free_until - r.computed - num_new) {
+    r.copies.clear();
+    r.step_open = true;
+    r.step_begin = r.computed;
+    r.step_end = r.computed + num_new;
+    r.reserved = std::max(r.reserved, r.step_end + lookahead);
+    return Status::Ok();
+  }
+  r.free_until = 0;  // this step may change any group
   // The common call - a running request's next step, well formed - is told apart with a few
   // comparisons; CheckAllocate's messages are built only when one of them fails.
   const bool well_formed = r.loads.empty() && !r.step_open && num_new >= 1 && lookahead >= 0 &&
@@ -382,7 +396,27 @@ void KvCacheManager::Impl::UndoGiveBack() {
   given_back_branch.clear();
 }
 
+void KvCacheManager::Impl::NoteFreeSteps(Request& r) {
+  if (!free_steps) return;
+  r.free_until = FreeStepsUntil(r);
+  r.free_epoch = fast_epoch;
+}
+
+int64_t KvCacheManager::Impl::FreeStepsUntil(const Request& r) const {
+  int64_t until = config.max_model_len;
+  for (const auto& g : groups)
+    until = std::min(until, g->FreeUntil(r));
+  return until;
+}
+
 Status KvCacheManager::Impl::Commit(Request& r, int64_t c) {
+  // The whole of a free step: the groups hold what they held, and nothing becomes publishable or
+  // leaves a window (the step's Allocate opened it without them, free_until still stands).
+  if (r.step_open && c == r.step_end && c <= r.free_until && HasFreeSteps(r) && r.loads.empty()) {
+    r.computed = c;
+    r.step_open = false;
+    return Status::Ok();
+  }
   if (!r.loads.empty()) {
     return Status::FailedPrecondition(fmt::format(
         "commit: request {}: {} block(s) of its hit are still loading; call FinishLoad first", r.id,
@@ -408,6 +442,7 @@ Status KvCacheManager::Impl::Commit(Request& r, int64_t c) {
   for (const auto& g : groups)
     g->Commit(r, c, publish_limit);
   r.encoder_ready = r.encoder_ready || has_encoder;
+  NoteFreeSteps(r);
   return Status::Ok();
 }
 

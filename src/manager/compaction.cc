@@ -16,6 +16,7 @@ Result<CompactionResult> KvCacheManager::Compact(int64_t max_slabs_per_class) {
 }
 
 Result<CompactionResult> KvCacheManager::Compact(std::span<const int64_t> max_slabs_per_class) {
+  impl_->ForgetFreeSteps();  // pages move under the requests' tables
   Result<CompactionResult> out = impl_->Compact(max_slabs_per_class);
   impl_->core.SettleDrops();  // the emptied slabs' cached pages are gone
   return out;
@@ -27,6 +28,7 @@ Result<CompactionResult> KvCacheManager::CompactFor(int32_t pool,
     return Status::InvalidArgument(
         fmt::format("compact for class {}: expected 0 to {}", pool, impl_->core.pools.size() - 1));
   }
+  impl_->ForgetFreeSteps();
   Result<CompactionResult> out = impl_->Compact(max_slabs_per_class, pool);
   impl_->core.SettleDrops();
   return out;

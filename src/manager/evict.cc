@@ -19,6 +19,7 @@ Result<EvictResult> KvCacheManager::Evict(RequestId id, int32_t group, int64_t k
                                           int64_t unchanged) {
   Request* r = impl_->Find(id);
   if (r == nullptr) return impl_->Unknown("evict", id);
+  impl_->ForgetFreeSteps();
   Result<EvictResult> out = impl_->Evict(*r, group, keep, unchanged);
   impl_->core.SettleDrops();
   return out;

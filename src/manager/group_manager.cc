@@ -30,6 +30,10 @@ bool GroupManager::StepIsFree(const Request&, const StepPlan&) const {
   return false;
 }
 void GroupManager::ApplyFreeStep(Request&) {}
+
+int64_t GroupManager::FreeUntil(const Request&) const {
+  return -1;
+}
 void GroupManager::PlaceLoad(Request&, int64_t, int32_t) {}
 void GroupManager::EndPreviousStep(Request&) {}
 

@@ -131,6 +131,14 @@ class GroupManager {
   // there (the coordinator lists them once).
   virtual bool WorksOnFreeStep() const { return false; }
   virtual void ApplyFreeStep(Request& r);
+  // Decode steps that touch no group skip the groups altogether (Impl::FreeStepsUntil): the
+  // largest end e (step end plus lookahead) such that, as things stand, a started request's step
+  // from r.computed to any end up to e is free here (StepIsFree), and Commit at any position up
+  // to e publishes, releases and changes nothing in this group. It holds while only such steps
+  // and their commits happen; the coordinator recomputes it after any other Commit and forgets it
+  // on every other change. A value <= r.computed promises nothing, the default: a kind that
+  // cannot tell cheaply leaves every step to the full path.
+  virtual int64_t FreeUntil(const Request& r) const;
   // Adds what the group must allocate to `need` and its hit blocks to `hp`.
   virtual Status PlanStep(const Request& r, const StepPlan& s, HitPlan& hp,
                           int64_t& need) const = 0;

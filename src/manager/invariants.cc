@@ -50,8 +50,16 @@ Status KvCacheManager::Impl::CheckInvariants() const {
   for (size_t slot = 0; slot < requests.size(); ++slot) {
     if (!Live(slot)) continue;  // a recycled, free slot
     ++live_requests;
-    if (requests[slot].started) ++started;
-    HKV_RETURN_IF_ERROR(CheckRequest(requests[slot], expected));
+    const Request& r = requests[slot];
+    if (r.started) ++started;
+    HKV_RETURN_IF_ERROR(CheckRequest(r, expected));
+    // A kept free-step answer promises that the groups would say as much now.
+    if (HasFreeSteps(r) && r.free_until > FreeStepsUntil(r)) {
+      return Status::FailedPrecondition(fmt::format(
+          "invariant: request {}: kept free steps until {}, but its groups now free only until {} "
+          "(a change did not forget them)",
+          r.id, r.free_until, FreeStepsUntil(r)));
+    }
   }
   if (live_requests != index.size()) {
     return Status::FailedPrecondition(fmt::format(

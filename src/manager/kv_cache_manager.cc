@@ -49,6 +49,7 @@ KvCacheManager::Impl::Impl(const ManagerConfig& c) : core(c), config(core.config
     for (size_t g = 0; g < groups.size(); ++g)
       if (IsDecoderTokens(config.groups[g])) ahead_publishers.push_back(groups[g].get());
   }
+  free_steps = !has_state_groups && !has_encoder;
   for (size_t gi = 0; gi < groups.size(); ++gi)
     search_order.push_back(gi);
   std::stable_sort(search_order.begin(), search_order.end(), [&](size_t a, size_t b) {
@@ -303,12 +304,14 @@ Status KvCacheManager::AppendTokens(RequestId id, std::span<const int32_t> token
 Status KvCacheManager::Fork(RequestId parent, RequestId child) {
   const Request* p = impl_->Find(parent);
   if (p == nullptr) return impl_->Unknown("fork", parent);
+  impl_->ForgetFreeSteps();  // the parent's blocks become shared
   return impl_->Fork(*p, child);
 }
 
 Result<TruncateResult> KvCacheManager::Truncate(RequestId id, int64_t n) {
   Request* r = impl_->Find(id);
   if (r == nullptr) return impl_->Unknown("truncate", id);
+  impl_->ForgetFreeSteps();
   return impl_->Truncate(*r, n);
 }
 
@@ -338,6 +341,7 @@ Status KvCacheManager::FinishLoad(RequestId id, bool loaded) {
         "external blocks has)",
         id));
   }
+  m.ForgetFreeSteps();
   if (!loaded) {
     ++m.core.stats.loads_failed;
     m.AbandonStart(*r);
@@ -366,6 +370,7 @@ Status KvCacheManager::ResetPrefixCache() {
   }
   m.core.coverage.Clear();
   m.branches.Clear();  // a reset manager behaves as a new one
+  m.ForgetFreeSteps();
   return Status::Ok();
 }
 
@@ -374,6 +379,7 @@ Status KvCacheManager::Rerank(std::span<const BlockHash> digests) {
   if (m.core.config.eviction_rank == nullptr) {
     return Status::FailedPrecondition("rerank: the manager has no eviction rank (ManagerConfig)");
   }
+  m.ForgetFreeSteps();
   const std::vector<GroupConfig>& groups = m.core.config.groups;
   for (const BlockHash& d : digests) {
     for (size_t g = 0; g < groups.size(); ++g) {

@@ -98,6 +98,22 @@ struct KvCacheManager::Impl {
   void AddAdmissionHeadroom();
   void CountHeldForHeadroom(const Request& r, const manager_internal::StepPlan& s);
 
+  // Free steps: most decode steps write one more token into a block the request already owns,
+  // and their commits publish and release nothing. After each Commit that went through the
+  // groups, the least of every group's FreeUntil is kept in the request (NoteFreeSteps); until
+  // then, an Allocate ending within it and the Commit of that step only open and close the step,
+  // without visiting a group. A change a group's answer may not follow (Fork, Truncate, Evict;
+  // and, not needed but rare, loads, compaction, a cache reset, Rerank) forgets all the answers
+  // at once (ForgetFreeSteps). Other requests' steps leave an answer standing: they never share
+  // the block a request writes (only Fork does), and give-backs release only blocks behind its
+  // window. The invariant checker verifies that every kept answer still holds.
+  void NoteFreeSteps(Request& r);
+  int64_t FreeStepsUntil(const Request& r) const;
+  void ForgetFreeSteps() { ++fast_epoch; }
+  bool HasFreeSteps(const Request& r) const {
+    return r.free_epoch == fast_epoch && r.free_until > r.computed;
+  }
+
   // The operations the public calls are built from.
   Result<PrefixHit> Lookup(RequestId id, const ExternalBlocks* ext);
   Status Allocate(Request& r, int64_t num_new, const PrefixHit& hit, int64_t lookahead);
@@ -139,6 +155,10 @@ struct KvCacheManager::Impl {
   bool has_token_groups = false;   // groups following decoder positions
   bool has_window_groups = false;  // window or chunk groups
   size_t slot_groups = 0;          // groups following decoder positions: their slots are mapped
+  // Free steps (NoteFreeSteps) are kept: no group outside FreeUntil's kinds (state and encoder
+  // groups work on every step), and cover off (its drops settle after every Allocate).
+  bool free_steps = false;
+  uint64_t fast_epoch = 1;
   // Branch points seen, kept past their eviction (ManagerConfig::branch_memory_entries); off
   // without window groups and with two-level memory.
   manager_internal::BranchMemory branches{0};

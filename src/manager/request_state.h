@@ -56,6 +56,10 @@ struct Request {
   bool step_open = false;
   bool encoder_ready = false;  // the encoder's blocks hold its KV
   int64_t step_begin = 0, step_end = 0;
+  // Impl::FreeStepsUntil's answer, valid while free_epoch is the manager's fast_epoch: steps
+  // ending (lookahead included) at or before it, and their commits, touch no group.
+  int64_t free_until = 0;
+  uint64_t free_epoch = 0;
   std::vector<BlockCopy> copies;
   // First step of a hit with external blocks, until FinishLoad: the blocks to fill. Each is in
   // the group's table (token groups) or is its live state (state groups), and has no identity.
@@ -68,6 +72,7 @@ struct Request {
     copies.clear();
     loads.clear();
     step_open = false;
+    free_until = 0;
     started = false;
     divergence = 0;
     window_branch = 0;

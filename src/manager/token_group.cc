@@ -38,6 +38,27 @@ bool TokenGroup::StepIsFree(const Request& r, const StepPlan& s) const {
   return !CopyDue(ts, s.begin);
 }
 
+int64_t TokenGroup::FreeUntil(const Request& r) const {
+  const TokenSlot& ts = slot_at(r.slot);
+  const BlockPool& bp = block_pool();
+  const int64_t bs = math_.tokens();
+  // Commit would withdraw what the last Allocate published ahead.
+  if (ts.ahead_from != TokenSlot::kNoAhead) return -1;
+  // The table's reach: a step ending (with its lookahead) within it allocates nothing.
+  int64_t until = static_cast<int64_t>(ts.table.size()) * bs + ts.evicted;
+  // The block r.computed falls in is the only one the free steps write: it must be the request's
+  // own (a shared or published block is copied first), and they end within it.
+  const int64_t k = math_.Block(r.computed - ts.evicted);
+  if (k < static_cast<int64_t>(ts.table.size())) {
+    const int32_t b = ts.table[static_cast<size_t>(k)];
+    if (b == BlockPool::kNullBlock || bp.ref_count(b) > 1 || bp.has_identity(b)) return -1;
+    until = std::min(until, (k + 1) * bs + ts.evicted);
+  }
+  // A step (or Commit) reaching the end of the next unpublished block publishes it.
+  if (ts.evicted == 0) until = std::min(until, (int64_t{ts.num_published} + 1) * bs - 1);
+  return until;
+}
+
 bool TokenGroup::CopyDue(const TokenSlot& ts, int64_t begin) const {
   if (math_.Offset(begin - ts.evicted) == 0) return false;
   const BlockPool& bp = block_pool();

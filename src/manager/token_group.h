@@ -71,6 +71,7 @@ class TokenGroup : public GroupManager {
   void ClearSlot(int32_t slot) override { slot_at(slot).Clear(); }
   int32_t CountLoads(const Request& r, int64_t tokens) const override;
   bool StepIsFree(const Request& r, const StepPlan& s) const override;
+  int64_t FreeUntil(const Request& r) const override;
   Status PlanStep(const Request& r, const StepPlan& s, HitPlan& hp, int64_t& need) const override;
   void ApplyHit(Request& r, const StepPlan& s, HitPlan& hp) override;
   void PlaceLoad(Request& r, int64_t index, int32_t block) override;
@@ -189,6 +190,7 @@ class WindowGroup final : public TokenGroup {
   int64_t LookupBound(const Request& r, int64_t x, int64_t cap) override;
   int64_t TruncateBound(const Request& r, int64_t x, int64_t new_known) const override;
   void Commit(Request& r, int64_t computed, int64_t publish_limit) override;
+  int64_t FreeUntil(const Request& r) const override;
   void CollectForRelease(Request& r, std::vector<std::pair<int64_t, int32_t>>& out) override;
   void GiveBackBranch(Request& q, std::vector<GivenBack>& out) override;
   void HoldBranchWindow(Request& r) override;

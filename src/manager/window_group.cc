@@ -93,6 +93,19 @@ void WindowGroup::Commit(Request& r, int64_t c, int64_t publish_limit) {
   core_.Release(pool(), to_release, r.retention);
 }
 
+int64_t WindowGroup::FreeUntil(const Request& r) const {
+  const int64_t until = TokenGroup::FreeUntil(r);
+  // Commit at c changes nothing while Needed(c).lo <= release_from: no block leaves the span.
+  const TokenRule& rule = config().rule;
+  const int64_t bs = math_.tokens();
+  const int64_t past = (int64_t{slot_at(r.slot).release_from} + 1) * bs;  // first block not kept
+  const int64_t last =
+      rule.kind == TokenRuleKind::kChunk
+          ? ((past - 1) / rule.span + 1) * rule.span - 1  // the chunk holding past - 1
+          : past + rule.span - 2;                         // c - span + 1 <= past - 1
+  return std::min(until, last);
+}
+
 void WindowGroup::CollectForRelease(Request& r, std::vector<std::pair<int64_t, int32_t>>& out) {
   // The blocks released mid-way rejoin the order only where that pays: in a pool shared with full
   // attention (so the order interleaves them with its blocks, and a tail evicted from it leaves a
