@@ -38,7 +38,7 @@ bool TokenGroup::StepIsFree(const Request& r, const StepPlan& s) const {
   return !CopyDue(ts, s.begin);
 }
 
-int64_t TokenGroup::FreeUntil(const Request& r) const {
+int64_t TokenGroup::TableFreeUntil(const Request& r) const {
   const TokenSlot& ts = slot_at(r.slot);
   const BlockPool& bp = block_pool();
   const int64_t bs = math_.tokens();

@@ -71,7 +71,6 @@ class TokenGroup : public GroupManager {
   void ClearSlot(int32_t slot) override { slot_at(slot).Clear(); }
   int32_t CountLoads(const Request& r, int64_t tokens) const override;
   bool StepIsFree(const Request& r, const StepPlan& s) const override;
-  int64_t FreeUntil(const Request& r) const override;
   Status PlanStep(const Request& r, const StepPlan& s, HitPlan& hp, int64_t& need) const override;
   void ApplyHit(Request& r, const StepPlan& s, HitPlan& hp) override;
   void PlaceLoad(Request& r, int64_t index, int32_t block) override;
@@ -113,6 +112,11 @@ class TokenGroup : public GroupManager {
   // Publishes the table's full blocks from num_published up to position `limit`; `ahead`: at
   // Allocate, before the step computes them (CacheCore::PublishBlock).
   void PublishUpTo(Request& r, TokenSlot& ts, int64_t limit, bool ahead = false);
+
+  // FreeUntil's answer as far as the table and publishing go (TokenGroup::Commit): a kind adds
+  // what its own Commit releases. Not FreeUntil itself, so that a kind deriving from TokenGroup
+  // answers nothing (every step takes the full path) until it says what its Commit does.
+  int64_t TableFreeUntil(const Request& r) const;
 
   std::vector<TokenSlot> slots_;
   BlockMath math_;  // block_tokens(), for the per-step paths
@@ -171,6 +175,7 @@ class FullAttentionGroup final : public TokenGroup {
   bool BranchReach(const Request& r, int64_t cap, int64_t hit, int64_t& reach,
                    bool& held) const override;
   Result<EvictResult> Evict(Request& r, int64_t keep, int64_t unchanged) override;
+  int64_t FreeUntil(const Request& r) const override { return TableFreeUntil(r); }
 
  private:
   // Within one fixed point: cached blocks counted from the front (-1: not yet counted).

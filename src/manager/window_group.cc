@@ -94,7 +94,7 @@ void WindowGroup::Commit(Request& r, int64_t c, int64_t publish_limit) {
 }
 
 int64_t WindowGroup::FreeUntil(const Request& r) const {
-  const int64_t until = TokenGroup::FreeUntil(r);
+  const int64_t until = TableFreeUntil(r);
   // Commit at c changes nothing while Needed(c).lo <= release_from: no block leaves the span.
   const TokenRule& rule = config().rule;
   const int64_t bs = math_.tokens();
