@@ -208,6 +208,7 @@ Status KvCacheManager::AddRequest(const RequestSpec& spec) {
   r.computed = r.reserved = 0;
   r.started = r.step_open = r.encoder_ready = false;
   r.step_begin = r.step_end = 0;
+  r.free_until = 0;
   r.copies.clear();
   for (auto& g : m.groups)
     g->ClearSlot(slot);
