@@ -219,6 +219,11 @@ Status KvCacheManager::Impl::Allocate(Request& r, int64_t num_new, const PrefixH
   const bool branch_before_fit = !r.started && core.arena.num_slabs() > 0;
   const bool branch_after_fit = !r.started && !branch_before_fit;
   int64_t window_branch = branch_before_fit ? WindowBranchOf(r, hit.tokens) : r.window_branch;
+  size_t short_pool = 0;
+  if (!r.started && ClearlyShort(r, s, short_pool)) {
+    ++core.stats.allocations_failed;
+    return ShortfallAtLeast(r, s, short_pool);
+  }
   HKV_RETURN_IF_ERROR(PlanAllocation(r, s));
   const Status fits = FitWithGiveBacks(r, s);
   if (!fits.ok()) {
@@ -394,6 +399,39 @@ void KvCacheManager::Impl::UndoGiveBack() {
     requests[slot].window_branch = branch;
   given_back.clear();
   given_back_branch.clear();
+}
+
+bool KvCacheManager::Impl::ClearlyShort(const Request& r, const StepPlan& s, size_t& short_pool) {
+  if (core.arena.num_slabs() > 0 || s.hit.loads != 0 || s.hit.encoder ||
+      r.lookup_tokens != s.hit.tokens || r.lookup_epochs != IdentityEpochs())
+    return false;
+  std::fill(core.need.begin(), core.need.end(), 0);
+  for (const auto& g : groups) {
+    const int64_t fresh = g->FreshNeed(r, s);
+    if (fresh < 0) return false;
+    core.need[static_cast<size_t>(g->pool())] += fresh;
+  }
+  short_pool = 0;
+  while (short_pool < core.pools.size() &&
+         core.need[short_pool] <= core.pools[short_pool].num_free())
+    ++short_pool;
+  if (short_pool == core.pools.size()) return false;
+  // What FitWithGiveBacks could take back: windows kept at branch points by requests without an
+  // open step (no kind that answers FreshNeed keeps rolling states).
+  for (size_t slot = 0; slot < requests.size(); ++slot) {
+    const Request& q = requests[slot];
+    if (q.window_branch != 0 && !q.step_open && Live(slot)) return false;
+  }
+  return true;
+}
+
+Status KvCacheManager::Impl::ShortfallAtLeast(const Request& r, const StepPlan& s,
+                                              size_t short_pool) const {
+  return Status::ResourceExhausted(fmt::format(
+      "allocate: request {}: positions [{}, {}) need at least {} block(s) per pool besides the "
+      "cached blocks of its hit: pool {} needs at least {} free blocks, has {}",
+      r.id, s.begin, s.end + s.lookahead, fmt::join(core.need, "/"), short_pool,
+      core.need[short_pool], core.pools[short_pool].num_free()));
 }
 
 void KvCacheManager::Impl::NoteFreeSteps(Request& r) {

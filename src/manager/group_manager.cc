@@ -34,6 +34,10 @@ void GroupManager::ApplyFreeStep(Request&) {}
 int64_t GroupManager::FreeUntil(const Request&) const {
   return -1;
 }
+
+int64_t GroupManager::FreshNeed(const Request&, const StepPlan&) const {
+  return -1;
+}
 void GroupManager::PlaceLoad(Request&, int64_t, int32_t) {}
 void GroupManager::EndPreviousStep(Request&) {}
 

@@ -139,6 +139,10 @@ class GroupManager {
   // on every other change. A value <= r.computed promises nothing, the default: a kind that
   // cannot tell cheaply leaves every step to the full path.
   virtual int64_t FreeUntil(const Request& r) const;
+  // A first step's blocks PlanStep would count besides the hit's cached ones (those it finds free
+  // add to the need; loads and copies too): a lower bound of its need, from arithmetic alone.
+  // -1 when the kind cannot tell (the default), which keeps a refusal on the full plan.
+  virtual int64_t FreshNeed(const Request& r, const StepPlan& s) const;
   // Adds what the group must allocate to `need` and its hit blocks to `hp`.
   virtual Status PlanStep(const Request& r, const StepPlan& s, HitPlan& hp,
                           int64_t& need) const = 0;

@@ -209,6 +209,7 @@ Status KvCacheManager::AddRequest(const RequestSpec& spec) {
   r.started = r.step_open = r.encoder_ready = false;
   r.step_begin = r.step_end = 0;
   r.free_until = 0;
+  r.lookup_tokens = -1;
   r.copies.clear();
   for (auto& g : m.groups)
     g->ClearSlot(slot);
@@ -227,7 +228,7 @@ Result<PrefixHit> KvCacheManager::Lookup(RequestId id, const ExternalBlocks& ext
 }
 
 Result<PrefixHit> KvCacheManager::Impl::Lookup(RequestId id, const ExternalBlocks* ext) {
-  const Request* r = Find(id);
+  Request* r = Find(id);
   if (r == nullptr) return Unknown("lookup", id);
   if (r->started) {
     return Status::FailedPrecondition(fmt::format(
@@ -262,6 +263,8 @@ Result<PrefixHit> KvCacheManager::Impl::Lookup(RequestId id, const ExternalBlock
     }
   }
   core.stats.hit_tokens += hit.tokens;
+  r->lookup_tokens = ext == nullptr ? hit.tokens : -1;
+  r->lookup_epochs = IdentityEpochs();
   return hit;
 }
 

@@ -108,6 +108,21 @@ struct KvCacheManager::Impl {
   // the block a request writes (only Fork does), and give-backs release only blocks behind its
   // window. The invariant checker verifies that every kept answer still holds.
   void NoteFreeSteps(Request& r);
+  // A waiting head is retried every step while memory is full. Its refusal is certain from
+  // arithmetic when the blocks its first step needs besides its hit (GroupManager::FreshNeed, a
+  // lower bound of the plan's need) already exceed a pool's free blocks, nothing could be given
+  // back, and its hit is the one its last Lookup found with no identity gone since (so the plan
+  // could not have found it stale): then it is refused without the plan, which walks every block
+  // of the hit. Fixed pools only (an arena's fit is not per pool). Names the short pool.
+  bool ClearlyShort(const Request& r, const manager_internal::StepPlan& s, size_t& short_pool);
+  Status ShortfallAtLeast(const Request& r, const manager_internal::StepPlan& s,
+                          size_t short_pool) const;
+  uint64_t IdentityEpochs() const {
+    uint64_t sum = 0;
+    for (const BlockPool& bp : core.pools)
+      sum += bp.identity_epoch();
+    return sum;
+  }
   int64_t FreeStepsUntil(const Request& r) const;
   void ForgetFreeSteps() { ++fast_epoch; }
   bool HasFreeSteps(const Request& r) const {

@@ -60,6 +60,10 @@ struct Request {
   // ending (lookahead included) at or before it, and their commits, touch no group.
   int64_t free_until = 0;
   uint64_t free_epoch = 0;
+  // The last Lookup's hit (-1: none, or one with an external store) and the sum of the pools'
+  // identity epochs then: while that sum stands, every block the hit needs is still indexed.
+  int64_t lookup_tokens = -1;
+  uint64_t lookup_epochs = 0;
   std::vector<BlockCopy> copies;
   // First step of a hit with external blocks, until FinishLoad: the blocks to fill. Each is in
   // the group's table (token groups) or is its live state (state groups), and has no identity.

@@ -93,6 +93,13 @@ Status TokenGroup::PlanStep(const Request& r, const StepPlan& s, HitPlan& hp, in
   return Status::Ok();
 }
 
+int64_t TokenGroup::FreshNeed(const Request& r, const StepPlan& s) const {
+  if (s.started) return -1;
+  const TokenSlot& ts = slot_at(r.slot);
+  const int64_t have = s.begin > 0 ? Needed(s.begin).hi : static_cast<int64_t>(ts.table.size());
+  return std::max<int64_t>(0, CeilDiv(s.reserve - ts.evicted, block_tokens()) - have);
+}
+
 void TokenGroup::ApplyHit(Request& r, const StepPlan& s, HitPlan& hp) {
   if (s.begin <= 0) return;
   TokenSlot& ts = slot_at(r.slot);

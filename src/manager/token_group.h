@@ -71,6 +71,7 @@ class TokenGroup : public GroupManager {
   void ClearSlot(int32_t slot) override { slot_at(slot).Clear(); }
   int32_t CountLoads(const Request& r, int64_t tokens) const override;
   bool StepIsFree(const Request& r, const StepPlan& s) const override;
+  int64_t FreshNeed(const Request& r, const StepPlan& s) const override;
   Status PlanStep(const Request& r, const StepPlan& s, HitPlan& hp, int64_t& need) const override;
   void ApplyHit(Request& r, const StepPlan& s, HitPlan& hp) override;
   void PlaceLoad(Request& r, int64_t index, int32_t block) override;

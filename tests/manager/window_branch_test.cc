@@ -144,6 +144,20 @@ TEST(WindowBranch, GivenBackBeforeAnAllocationIsRefused) {
   d.Check();
 }
 
+// The same with the admission looked up first, as an engine does: the blocks it needs besides its
+// hit exceed the free ones, yet the kept windows make up the difference, so it is not refused
+// from arithmetic (WaitingHead) but admitted.
+TEST(WindowBranch, GivenBackBeforeALookedUpAdmissionIsRefused) {
+  Driver d(WindowModel());
+  ASSERT_NO_FATAL_FAILURE(KeepThenFill(d));
+  d.Add(4, Seq(4, 8000));
+  ASSERT_LT(d.m().Usage(0).num_free, 2);
+  const Status s = d.m().Allocate(4, 4, d.Lookup(4));
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(SharedWindow(d, 2), (std::vector<int32_t>{0, 0}));
+  d.Check();
+}
+
 TEST(WindowBranch, ARefusalDespiteThemChangesNothing) {
   Driver d(WindowModel());
   ASSERT_NO_FATAL_FAILURE(KeepThenFill(d));
