@@ -227,6 +227,9 @@ void TokenGroup::WithdrawAhead(Request& r, int64_t limit) {
 void TokenGroup::Truncate(Request& r, int64_t x, int64_t new_known) {
   BlockPool& bp = block_pool();
   TokenSlot& ts = slot_at(r.slot);
+  // What the last Lookup found was for the tokens before the cut, which appends may now replace
+  // (FoundOr would hand a later plan blocks of other tokens).
+  ts.found.clear();
   const int64_t bs = block_tokens();
   const NeededBlocks nb = Needed(x);
   for (int64_t j = nb.First(); j < nb.hi; j = nb.Next(j)) {

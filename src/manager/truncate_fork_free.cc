@@ -33,6 +33,8 @@ Result<TruncateResult> KvCacheManager::Impl::Truncate(Request& r, int64_t n) {
   // Apply; the fixed point has established that every block and state used below exists.
   for (const auto& g : groups)
     g->Truncate(r, x, new_known);
+  // The tokens a Lookup named may now be replaced: its hit no longer speaks for this request.
+  r.lookup_tokens = -1;
   // Only known tokens are recomputed; drafts past them are simply gone.
   const int64_t recompute = std::max<int64_t>(0, std::min(r.computed, new_known) - x);
   r.tokens.resize(static_cast<size_t>(new_known));

@@ -79,5 +79,37 @@ TEST(WaitingHead, AHitThatWentStaleIsReportedStale) {
   d.Check();
 }
 
+// Truncate before the first Allocate, then other tokens appended: the hit the earlier Lookup
+// returned names blocks of the old tokens. Allocating with it is refused as stale - short of
+// blocks (a window model, 18 free) or not (full attention alone, plenty free) - and nothing is
+// taken.
+TEST(WaitingHead, AHitFromBeforeATruncateIsStale) {
+  for (const bool window : {true, false}) {
+    SCOPED_TRACE(window);
+    Driver d(window ? MakeConfig({31}, {Full(4), Window(8, 4)}) : MakeConfig({200}, {Full(4)}));
+    d.Add(1, Seq(16, 100));
+    d.Prefill(1);
+    d.Free(1);
+    d.Add(3, Seq(40, 3000));
+    d.Prefill(3);
+    d.Add(2, Concat(Seq(16, 100), Seq(64, 900)));
+    const PrefixHit hit = d.Lookup(2);
+    ASSERT_EQ(hit.tokens, 16);
+    ASSERT_TRUE(d.m().Truncate(2, 0).ok());
+    const std::vector<int32_t> other = Seq(80, 5000);
+    ASSERT_TRUE(d.m().AppendTokens(2, other).ok());
+    const int32_t free = FreeBlocks(d.m());
+    const Status s = d.m().Allocate(2, 64, hit);
+    ASSERT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+    EXPECT_NE(s.message().find("went stale"), std::string::npos) << s.message();
+    EXPECT_EQ(FreeBlocks(d.m()), free);
+    EXPECT_EQ(d.m().stats().allocations_failed, 0);
+    d.Check();
+    // Looked up again, it hits nothing of the old prompt and is admitted or refused as memory
+    // allows.
+    EXPECT_EQ(d.Lookup(2).tokens, 0);
+  }
+}
+
 }  // namespace
 }  // namespace hkv::testing
