@@ -99,14 +99,16 @@ void KvCacheManager::Impl::CountHeldForHeadroom(const Request& r, const StepPlan
   if (core.CanReserveBlocks()) ++core.stats.admissions_held_for_headroom;
 }
 
-Status KvCacheManager::Impl::Shortfall(const Request& r, const StepPlan& s) {
+Status KvCacheManager::Impl::Shortfall(const Request& r, const StepPlan& s, bool at_least) {
   // A waiting head may be refused every step: the message is written into one buffer, one
   // allocation for the Status, not several formatted pieces joined.
   fmt::memory_buffer m;
+  const char* least = at_least ? " at least" : "";
   fmt::format_to(std::back_inserter(m),
-                 "allocate: request {}: positions [{}, {}) need {} block(s) per pool", r.id,
-                 s.begin, s.end + s.lookahead, fmt::join(core.need, "/"));
-  if (s.headroom) {
+                 "allocate: request {}: positions [{}, {}) need{} {} block(s) per pool{}", r.id,
+                 s.begin, s.end + s.lookahead, least, fmt::join(core.need, "/"),
+                 at_least ? " besides the cached blocks of its hit" : "");
+  if (s.headroom && !at_least) {
     fmt::format_to(std::back_inserter(m),
                    " (of them {} kept free for the {} running requests' next {} decode steps, "
                    "ManagerConfig::admission_headroom_steps)",
@@ -120,7 +122,7 @@ Status KvCacheManager::Impl::Shortfall(const Request& r, const StepPlan& s) {
     while (p < core.pools.size() && core.need[p] <= core.pools[p].num_free())
       ++p;
     if (p < core.pools.size()) {
-      fmt::format_to(std::back_inserter(m), ": pool {} needs {} free blocks, has {}", p,
+      fmt::format_to(std::back_inserter(m), ": pool {} needs{} {} free blocks, has {}", p, least,
                      core.need[p], core.pools[p].num_free());
     } else {
       fmt::format_to(std::back_inserter(m), ": no pool is short now");
@@ -219,10 +221,9 @@ Status KvCacheManager::Impl::Allocate(Request& r, int64_t num_new, const PrefixH
   const bool branch_before_fit = !r.started && core.arena.num_slabs() > 0;
   const bool branch_after_fit = !r.started && !branch_before_fit;
   int64_t window_branch = branch_before_fit ? WindowBranchOf(r, hit.tokens) : r.window_branch;
-  size_t short_pool = 0;
-  if (!r.started && ClearlyShort(r, s, short_pool)) {
+  if (!r.started && ClearlyShort(r, s)) {
     ++core.stats.allocations_failed;
-    return ShortfallAtLeast(r, s, short_pool);
+    return Shortfall(r, s, /*at_least=*/true);
   }
   HKV_RETURN_IF_ERROR(PlanAllocation(r, s));
   const Status fits = FitWithGiveBacks(r, s);
@@ -377,8 +378,7 @@ bool KvCacheManager::Impl::GiveBackBranchWindows(size_t& from_slot) {
   for (; from_slot < requests.size(); ++from_slot) {
     const size_t slot = from_slot;
     Request& q = requests[slot];
-    // A request with an open step keeps its table as the engine read it for the step.
-    if (q.window_branch == 0 || q.step_open || !Live(slot)) continue;
+    if (!GivesBackBranchWindows(slot)) continue;
     const size_t before = given_back.size();
     for (const auto& g : groups)
       g->GiveBackBranch(q, given_back);
@@ -401,7 +401,7 @@ void KvCacheManager::Impl::UndoGiveBack() {
   given_back_branch.clear();
 }
 
-bool KvCacheManager::Impl::ClearlyShort(const Request& r, const StepPlan& s, size_t& short_pool) {
+bool KvCacheManager::Impl::ClearlyShort(const Request& r, const StepPlan& s) {
   if (core.arena.num_slabs() > 0 || s.hit.loads != 0 || s.hit.encoder ||
       r.lookup_tokens != s.hit.tokens || r.lookup_epochs != IdentityEpochs())
     return false;
@@ -411,27 +411,12 @@ bool KvCacheManager::Impl::ClearlyShort(const Request& r, const StepPlan& s, siz
     if (fresh < 0) return false;
     core.need[static_cast<size_t>(g->pool())] += fresh;
   }
-  short_pool = 0;
-  while (short_pool < core.pools.size() &&
-         core.need[short_pool] <= core.pools[short_pool].num_free())
-    ++short_pool;
-  if (short_pool == core.pools.size()) return false;
-  // What FitWithGiveBacks could take back: windows kept at branch points by requests without an
-  // open step (no kind that answers FreshNeed keeps rolling states).
-  for (size_t slot = 0; slot < requests.size(); ++slot) {
-    const Request& q = requests[slot];
-    if (q.window_branch != 0 && !q.step_open && Live(slot)) return false;
-  }
+  if (core.FixedPoolsFit()) return false;
+  // What FitWithGiveBacks could take back: windows kept at branch points (no kind that answers
+  // FreshNeed keeps rolling states).
+  for (size_t slot = 0; slot < requests.size(); ++slot)
+    if (GivesBackBranchWindows(slot)) return false;
   return true;
-}
-
-Status KvCacheManager::Impl::ShortfallAtLeast(const Request& r, const StepPlan& s,
-                                              size_t short_pool) const {
-  return Status::ResourceExhausted(fmt::format(
-      "allocate: request {}: positions [{}, {}) need at least {} block(s) per pool besides the "
-      "cached blocks of its hit: pool {} needs at least {} free blocks, has {}",
-      r.id, s.begin, s.end + s.lookahead, fmt::join(core.need, "/"), short_pool,
-      core.need[short_pool], core.pools[short_pool].num_free()));
 }
 
 void KvCacheManager::Impl::NoteFreeSteps(Request& r) {

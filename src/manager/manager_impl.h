@@ -67,8 +67,9 @@ struct KvCacheManager::Impl {
   Status CheckAllocate(const Request& r, int64_t num_new, const PrefixHit& hit,
                        int64_t lookahead) const;
   Status PlanAllocation(const Request& r, const manager_internal::StepPlan& s);
-  // The refusal of a step whose planned need does not fit (need and free blocks per pool).
-  Status Shortfall(const Request& r, const manager_internal::StepPlan& s);
+  // The refusal of a step whose planned need does not fit (need and free blocks per pool). With
+  // `at_least`, core.need is ClearlyShort's lower bound (no headroom in it).
+  Status Shortfall(const Request& r, const manager_internal::StepPlan& s, bool at_least = false);
   void ApplyFirstStep(Request& r, const manager_internal::StepPlan& s);
   void ApplyStep(Request& r, const manager_internal::StepPlan& s);
   // Marks the planned step [s.begin, s.end) open, reserved to s.reserve; with
@@ -83,6 +84,12 @@ struct KvCacheManager::Impl {
   // UndoGiveBack restores every block, table and branch point recorded since given_back was
   // cleared.
   bool GiveBackBranchWindows(size_t& from_slot);
+  // Whether the request in `slot` keeps windows at a branch point that GiveBackBranchWindows may
+  // take: a live one without an open step (that keeps its table as the engine read it).
+  bool GivesBackBranchWindows(size_t slot) const {
+    const Request& q = requests[slot];
+    return q.window_branch != 0 && !q.step_open && Live(slot);
+  }
   // Releases rolling recurrent states (StateGroup::GiveBackRolling): at from_slot 0 those of `r`
   // itself, then one other live request's at a time; advances from_slot; false when none is left.
   bool GiveBackRollingStates(Request& r, size_t& from_slot);
@@ -113,10 +120,9 @@ struct KvCacheManager::Impl {
   // lower bound of the plan's need) already exceed a pool's free blocks, nothing could be given
   // back, and its hit is the one its last Lookup found with no identity gone since (so the plan
   // could not have found it stale): then it is refused without the plan, which walks every block
-  // of the hit. Fixed pools only (an arena's fit is not per pool). Names the short pool.
-  bool ClearlyShort(const Request& r, const manager_internal::StepPlan& s, size_t& short_pool);
-  Status ShortfallAtLeast(const Request& r, const manager_internal::StepPlan& s,
-                          size_t short_pool) const;
+  // of the hit. Fixed pools only (an arena's fit is not per pool). Leaves the bound in core.need
+  // for Shortfall(at_least).
+  bool ClearlyShort(const Request& r, const manager_internal::StepPlan& s);
   uint64_t IdentityEpochs() const {
     uint64_t sum = 0;
     for (const BlockPool& bp : core.pools)

@@ -315,14 +315,7 @@ class BlockPool {
   }
   // Allocate's look-ahead: start loading a free block's key, and the index slot its key hashes
   // to (returning the block after it on the free list).
-  void PrefetchKeyOf(int32_t b) const {
-    const auto i = static_cast<size_t>(b);
-#if defined(__x86_64__)
-    __asm__ volatile("prefetcht0 %0" : : "m"(key_[i]));
-#else
-    __builtin_prefetch(&key_[i]);
-#endif
-  }
+  void PrefetchKeyOf(int32_t b) const { PrefetchLine(key_[static_cast<size_t>(b)]); }
   int32_t PrefetchSlotOf(int32_t b) const {
     const auto i = static_cast<size_t>(b);
     if (has_key_[i]) index_.Prefetch(key_[i]);
@@ -377,9 +370,7 @@ class BlockPool {
   int32_t plain_end_ = -1;
   // Ranked order: the free list and the cached empty segments are sorted by a tick that is not
   // the time of queueing (an eviction rank, or a share bonus).
-  bool ranked() const {
-    return rank_ != nullptr || bonus_ticks_ != 0;
-  }
+  bool ranked() const { return rank_ != nullptr || bonus_ticks_ != 0; }
   uint64_t BonusOf(int32_t b) const;
   uint64_t EmptyTick(int32_t seg) const;  // a segment's tick when its last held block is freed
   int32_t PlainEnd(uint64_t now);

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <vector>
 
+#include <hkv/common/prefetch.h>
 #include <hkv/pool/block_hash.h>
 
 namespace hkv {
@@ -62,13 +63,8 @@ class PrefixIndex {
   int32_t size_ = 0;
 };
 
-// On x86-64 an instruction GCC must keep: it dropped __builtin_prefetch from the manager's loops.
 inline void PrefixIndex::Prefetch(const PrefixKey& key) const {
-#if defined(__x86_64__)
-  __asm__ volatile("prefetcht0 %0" : : "m"(slots_[Home(key)]));
-#else
-  __builtin_prefetch(&slots_[Home(key)]);
-#endif
+  PrefetchLine(slots_[Home(key)]);
 }
 
 }  // namespace hkv
